@@ -1,0 +1,212 @@
+"""``aot build``: recipe → model → inputs → trace → passes → validate → artifacts → manifest.
+
+The library never prints: it logs, reports progress through an optional
+callback, and returns a :class:`BuildReport`. Errors are :class:`AotError`
+subclasses whose exit codes the CLI maps; the output directory is only
+replaced when every stage, artifact validation included, has succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aot.capture import capture
+from aot.errors import AotError, ValidationError
+from aot.inputs import ShapeCase, check_input_names, dynamic_axes, shape_cases
+from aot.manifest import MANIFEST_VERSION, describe_files, tool_versions, write_manifest
+from aot.models import load_model
+from aot.outdir import staged_directory
+from aot.outputs import flatten_outputs
+from aot.pipeline import PassRecord, run_pipeline
+from aot.recipe import LoadedRecipe, load_recipe
+from aot.validate import Comparison, compare_outputs
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, str, float | None], None]
+"""``progress(stage, event, seconds)``: event is "start" or "done"; seconds is set on "done"."""
+
+
+@dataclass
+class BuildReport:
+    name: str
+    output: str
+    stages: dict[str, float] = field(default_factory=dict)
+    passes: list[PassRecord] = field(default_factory=list)
+    validation: list[Comparison] = field(default_factory=list)
+    trace: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.validation)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "output": self.output,
+            "ok": self.ok,
+            "stages_s": self.stages,
+            "passes": [p.to_json() for p in self.passes],
+            "validation": [c.to_json() for c in self.validation],
+            "files": self.files,
+        }
+
+
+class _Stages:
+    def __init__(self, report: BuildReport, progress: Progress | None):
+        self.report, self.progress = report, progress
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        if self.progress:
+            self.progress(stage, "start", None)
+        started = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - started
+        self.report.stages[stage] = round(self.report.stages.get(stage, 0.0) + seconds, 3)
+        log.info("%s done in %.2fs", stage, seconds)
+        if self.progress:
+            self.progress(stage, "done", seconds)
+
+
+def default_output(loaded: LoadedRecipe) -> Path:
+    return Path(loaded.recipe.output) if loaded.recipe.output else Path("out") / loaded.name
+
+
+def build(recipe_path: str | Path, output: str | Path | None = None, progress: Progress | None = None) -> BuildReport:
+    started = time.perf_counter()
+    loaded = load_recipe(recipe_path)
+    target = Path(output) if output is not None else default_output(loaded)
+    report = BuildReport(name=loaded.name, output=str(target))
+    stage = _Stages(report, progress)
+
+    with stage("load_model"):
+        model = load_model(loaded)
+        check_input_names(loaded, model)
+    with stage("make_inputs"):
+        cases = shape_cases(loaded, model)
+        expected = [_eager_outputs(model, case) for case in cases]
+    with stage("trace"):
+        graph_module = capture(loaded, model, cases[0].inputs)
+        report.trace = graph_module.meta.get("trace_report", {})
+    with stage("passes"):
+        graph_module, report.passes = run_pipeline(graph_module, loaded.passes)
+    with stage("validate_graph"):
+        report.validation = _validate("graph", graph_module, cases, expected, loaded)
+        failed = [c for c in report.validation if not c.ok]
+        if failed:
+            culprit = _bisect(loaded, model, cases, expected, failed[0]) if loaded.recipe.validate_.bisect else None
+            raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
+
+    with staged_directory(target) as staging:
+        _write_artifacts(loaded, graph_module, cases, expected, staging, report, stage)
+        report.files = describe_files(staging)
+        report.stages["total"] = round(time.perf_counter() - started, 3)
+        write_manifest(staging, _manifest(loaded, report))
+    return report
+
+
+def _eager_outputs(model: torch.nn.Module, case: ShapeCase) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return flatten_outputs(model(**case.inputs))
+
+
+def _run_graph(graph_module: torch.nn.Module, case: ShapeCase) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return flatten_outputs(graph_module(**case.inputs))
+
+
+def _validate(
+    artifact: str, runnable: Any, cases: list[ShapeCase], expected: list[dict[str, Any]], loaded: LoadedRecipe
+) -> list[Comparison]:
+    tolerances = loaded.recipe.validate_
+    results = []
+    for case, want in zip(cases, expected):
+        try:
+            got = runnable(case) if callable(runnable) and not isinstance(runnable, torch.nn.Module) else _run_graph(runnable, case)
+        except AotError:
+            raise
+        except Exception as error:
+            results.append(Comparison(artifact, case.label, ok=False, problem=f"failed to run: {type(error).__name__}: {error}"))
+            continue
+        results.append(compare_outputs(artifact, case.label, want, got, tolerances.atol, tolerances.rtol))
+    return results
+
+
+def _bisect(loaded: LoadedRecipe, model: torch.nn.Module, cases: list[ShapeCase], expected: list, failure: Comparison) -> str:
+    """Re-trace and re-run the pipeline pass by pass to name the first pass after which outputs diverge."""
+    index = next(i for i, case in enumerate(cases) if case.label == failure.shape)
+    case, want = cases[index], expected[index]
+    tolerances = loaded.recipe.validate_
+    graph_module = capture(loaded, model, cases[0].inputs)
+    if not compare_outputs("trace", case.label, want, _run_graph(graph_module, case), tolerances.atol, tolerances.rtol).ok:
+        return "outputs already diverge right after tracing, before any pass"
+    culprit: list[str] = []
+
+    def check(step: int, current: torch.fx.GraphModule) -> None:
+        if culprit:
+            return
+        result = compare_outputs("graph", case.label, want, _run_graph(current, case), tolerances.atol, tolerances.rtol)
+        if not result.ok:
+            culprit.append(f"outputs first diverged after pass '{loaded.passes[step].name}' (step {step + 1}): {result.summary()}")
+
+    run_pipeline(graph_module, loaded.passes, after_each=check)
+    return culprit[0] if culprit else "no single pass reproduces the divergence when re-run"
+
+
+def _write_artifacts(
+    loaded: LoadedRecipe,
+    graph_module: torch.fx.GraphModule,
+    cases: list[ShapeCase],
+    expected: list[dict[str, Any]],
+    staging: Path,
+    report: BuildReport,
+    stage: _Stages,
+) -> None:
+    from aot import export
+
+    (staging / "recipe.yaml").write_text(loaded.text)
+    options = loaded.recipe.export
+    if options.graph_module:
+        with stage("export_graph_module"):
+            export.save_graph_module(graph_module, staging / "graph_module")
+        with stage("validate_graph_module"):
+            saved = export.load(staging / "graph_module")
+            report.validation += _validate("graph_module", saved, cases, expected, loaded)
+    if options.onnx.enabled:
+        with stage("export_onnx"):
+            export.export_onnx(graph_module, staging / "model.onnx", cases[0].inputs, dynamic_axes(loaded), opset=options.onnx.opset)
+        with stage("validate_onnx"):
+            onnx_path = staging / "model.onnx"
+            report.validation += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
+    failed = [c for c in report.validation if not c.ok]
+    if failed:
+        raise ValidationError(failed[0].summary())
+
+
+def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "name": loaded.name,
+        "recipe": {"path": str(loaded.path), "sha256": loaded.sha256, "resolved": loaded.resolved()},
+        "versions": tool_versions(),
+        "trace": {key: value for key, value in report.trace.items() if key != "duration_s"},
+        "passes": [{k: v for k, v in p.to_json().items() if k != "seconds"} for p in report.passes],
+        "validation": [c.to_json() for c in report.validation],
+        "artifacts": report.files,
+        # Everything that varies from run to run lives here, so the rest of the manifest is reproducible.
+        "timings_s": {
+            "stages": report.stages,
+            "trace": report.trace.get("duration_s"),
+            "passes": {f"{i + 1}:{p.name}": p.seconds for i, p in enumerate(report.passes)},
+        },
+    }

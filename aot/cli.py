@@ -1,0 +1,147 @@
+"""The ``aot`` command line: parse, call the library, map errors to exit codes.
+
+Exit codes (also in README.md): 0 success, 1 internal error, 2 bad recipe or
+usage, 3 trace failure, 4 pass failure, 5 validation failure, 6 export
+failure, 7 artifact integrity failure, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from aot.errors import EXIT_CODES, AotError
+
+
+def _echo_error(message: str) -> None:
+    click.echo(f"aot: error: {message}", err=True)
+
+
+def _run(debug: bool, action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except AotError as error:
+        if debug:
+            traceback.print_exc()
+        _echo_error(str(error))
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        _echo_error("interrupted")
+        sys.exit(130)
+    except Exception as error:  # an aot bug: one line by default, the traceback with --debug
+        if debug:
+            traceback.print_exc()
+        _echo_error(f"internal error: {type(error).__name__}: {error} (run with --debug for the traceback)")
+        sys.exit(1)
+
+
+def _stderr_progress(stage: str, event: str, seconds: float | None) -> None:
+    if event == "done" and seconds is not None and seconds >= 1.0:
+        click.echo(f"  {stage:<24} {seconds:6.1f}s", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("-v", "--verbose", is_flag=True, help="Log what each stage does (stderr).")
+@click.version_option(package_name="aot")
+@click.pass_context
+def main(context: click.Context, debug: bool, verbose: bool) -> None:
+    """aot: ahead-of-time build tool for PyTorch and Hugging Face models."""
+    context.obj = {"debug": debug}
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=str))
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str), help="Output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
+@click.pass_context
+def build(context: click.Context, recipe: str, output: str | None, as_json: bool) -> None:
+    """Build RECIPE: trace, run passes, validate, write artifacts and manifest."""
+    from aot.build import build as run_build
+
+    report = _run(context.obj["debug"], lambda: run_build(recipe, output, progress=_stderr_progress))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        worst = max((c.to_json()["max_abs"] for c in report.validation), default=0.0)
+        shapes = len({c.shape for c in report.validation})
+        click.echo(
+            f"built {report.name} -> {report.output} in {report.stages.get('total', 0):.1f}s "
+            f"({len(report.passes)} passes, validated {len(report.validation)} runs at {shapes} shapes, max abs error {worst:.2g})"
+        )
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("--recipe", type=click.Path(dir_okay=False, path_type=str), help="Recipe to rebuild the eager model from.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_context
+def validate(context: click.Context, directory: str, recipe: str | None, as_json: bool) -> None:
+    """Re-check a build directory: artifact hashes, then numerics against the eager model."""
+    from aot.verify import verify
+
+    report = _run(context.obj["debug"], lambda: verify(directory, recipe))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo(f"ok: {report.files_checked} files match the manifest; {len(report.validation)} runs within tolerance")
+
+
+@main.command(name="passes")
+@click.option("--json", "as_json", is_flag=True, help="Print the registry as JSON.")
+def list_passes(as_json: bool) -> None:
+    """List the registered passes with their options and documentation."""
+    from aot.passes import registry
+
+    infos = sorted(registry.all_passes(), key=lambda info: info.name)
+    if as_json:
+        click.echo(json.dumps([_pass_json(info) for info in infos], indent=2))
+        return
+    for info in infos:
+        click.echo(f"{info.name}  [{', '.join(sorted(info.frontends))}]")
+        for option, field in info.options.model_fields.items():
+            click.echo(f"    --{option}: {_type_name(field.annotation)} = {field.default!r}  {field.description or ''}")
+        click.echo("\n".join("    " + line if line else "" for line in (info.doc or "").strip().splitlines()))
+        click.echo("")
+
+
+@main.command()
+def schema() -> None:
+    """Print the recipe JSON Schema (for editor completion)."""
+    from aot.recipe import recipe_json_schema_text
+
+    click.echo(recipe_json_schema_text(), nl=False)
+
+
+@main.command(name="exit-codes")
+def exit_codes() -> None:
+    """List the exit codes aot uses."""
+    for code, meaning in sorted(EXIT_CODES.items()):
+        click.echo(f"{code:>4}  {meaning}")
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _pass_json(info: Any) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "class": info.cls.__name__,
+        "frontends": sorted(info.frontends),
+        "summary": info.summary,
+        "doc": info.doc,
+        "options": info.options.model_json_schema(),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Example inputs at every shape a build traces and validates.
+
+A *shape case* binds each named dim of the recipe (batch, sequence, ...) to a
+size. The first case is the trace-time one; the others come from
+``validate.shapes`` or, when the recipe gives none, from the dynamic dims
+(half and double their trace size, within their bounds). Values are seeded
+per case, so two builds see the same tensors.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from aot.models import forward_parameters, load_tokenizer
+from aot.recipe import LoadedRecipe
+from aot.recipe_schema import TensorSpec
+
+
+@dataclass
+class ShapeCase:
+    dims: dict[str, int]
+    inputs: dict[str, torch.Tensor]
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{name}={size}" for name, size in self.dims.items()) or "static"
+
+
+def check_input_names(loaded: LoadedRecipe, model: torch.nn.Module) -> None:
+    accepted = forward_parameters(model)
+    for index, tensor in enumerate(loaded.recipe.inputs.tensors):
+        if tensor.name not in accepted:
+            raise loaded.error(
+                ("inputs", "tensors", index, "name"),
+                f"{type(model).__name__}.forward has no input '{tensor.name}' (it takes: {', '.join(accepted)})",
+            )
+    if not loaded.recipe.inputs.tensors:
+        raise loaded.error(("inputs",), "name at least one input tensor under inputs.tensors")
+
+
+def dynamic_axes(loaded: LoadedRecipe) -> dict[str, dict[int, str]]:
+    """``{input: {axis: dim name}}`` for every dynamic dim, the form ONNX and torch.export take."""
+    dims = loaded.recipe.inputs.dims
+    axes: dict[str, dict[int, str]] = {}
+    for tensor in loaded.recipe.inputs.tensors:
+        named = {axis: dim for axis, dim in enumerate(tensor.shape) if isinstance(dim, str) and dims[dim].dynamic}
+        if named:
+            axes[tensor.name] = named
+    return axes
+
+
+def dim_ranges(loaded: LoadedRecipe) -> dict[str, tuple[int | None, int | None]]:
+    return {name: (dim.min, dim.max) for name, dim in loaded.recipe.inputs.dims.items() if dim.dynamic}
+
+
+def shape_cases(loaded: LoadedRecipe, model: torch.nn.Module) -> list[ShapeCase]:
+    trace_dims = {name: dim.size for name, dim in loaded.recipe.inputs.dims.items()}
+    requested = loaded.recipe.validate_.shapes or _default_extra_shapes(loaded)
+    cases = [trace_dims]
+    for index, overrides in enumerate(requested):
+        for name, size in overrides.items():
+            dim = loaded.recipe.inputs.dims.get(name)
+            if dim is None:
+                raise loaded.error(("validate", "shapes", index, name), f"no dim '{name}' under inputs.dims")
+            if size != dim.size and not dim.dynamic:
+                raise loaded.error(("validate", "shapes", index, name), f"dim '{name}' is not dynamic, so it stays {dim.size}")
+        dims = {**trace_dims, **overrides}
+        if dims not in cases:
+            cases.append(dims)
+    texts_tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
+    return [
+        ShapeCase(dims=dims, inputs=make_inputs(loaded, model, dims, seed=loaded.recipe.model.seed + index, tokenizer=texts_tokenizer))
+        for index, dims in enumerate(cases)
+    ]
+
+
+def _default_extra_shapes(loaded: LoadedRecipe) -> list[dict[str, int]]:
+    dynamic = {name: dim for name, dim in loaded.recipe.inputs.dims.items() if dim.dynamic}
+    if not dynamic:
+        return []
+    smaller, larger = {}, {}
+    for name, dim in dynamic.items():
+        low, high = dim.min or 1, dim.max or dim.size * 2
+        smaller[name] = max(low, dim.size // 2, 1)
+        larger[name] = min(high, dim.size * 2 - 1 if dim.size > 1 else 3)
+    return [shape for shape in (smaller, larger) if shape]
+
+
+def make_inputs(
+    loaded: LoadedRecipe, model: torch.nn.Module, dims: dict[str, int], seed: int, tokenizer: Any = None
+) -> dict[str, torch.Tensor]:
+    device = loaded.recipe.model.device
+    if tokenizer is not None:
+        return _tokenized_inputs(loaded, tokenizer, dims, device)
+    generator = torch.Generator().manual_seed(seed)
+    config = getattr(model, "config", None)
+    return {
+        tensor.name: _random_tensor(tensor, [dims[d] if isinstance(d, str) else d for d in tensor.shape], config, generator).to(device)
+        for tensor in loaded.recipe.inputs.tensors
+    }
+
+
+def _random_tensor(spec: TensorSpec, shape: list[int], config: Any, generator: torch.Generator) -> torch.Tensor:
+    dtype = getattr(torch, spec.dtype)
+    fill = spec.fill
+    if fill == "random" and spec.low is None and spec.high is None and "mask" in spec.name:
+        fill = "ones"  # a random padding mask can blank whole rows, which no real input does
+    if fill == "ones":
+        return torch.ones(shape, dtype=dtype)
+    if fill == "zeros":
+        return torch.zeros(shape, dtype=dtype)
+    if dtype.is_floating_point:
+        values = torch.randn(shape, generator=generator)
+        if spec.low is not None or spec.high is not None:
+            low, high = spec.low or 0.0, spec.high if spec.high is not None else 1.0
+            values = torch.rand(shape, generator=generator) * (high - low) + low
+        return values.to(dtype)
+    low = int(spec.low or 0)
+    high = int(spec.high) if spec.high is not None else _default_high(spec.name, config)
+    return torch.randint(low, high, shape, generator=generator, dtype=torch.int64).to(dtype)
+
+
+def _default_high(name: str, config: Any) -> int:
+    if name.endswith("input_ids") and getattr(config, "vocab_size", None):
+        return int(config.vocab_size)
+    if name == "token_type_ids":
+        return int(getattr(config, "type_vocab_size", 1) or 1)
+    if name.endswith("labels") and getattr(config, "num_labels", None):
+        return int(config.num_labels)
+    return 2
+
+
+def _tokenized_inputs(loaded: LoadedRecipe, tokenizer: Any, dims: dict[str, int], device: str) -> dict[str, torch.Tensor]:
+    first = loaded.recipe.inputs.tensors[0]
+    if len(first.shape) != 2 or not all(isinstance(d, str) for d in first.shape):
+        raise loaded.error(("inputs", "tensors", 0, "shape"), "texts need inputs shaped [batch_dim, sequence_dim]")
+    batch_dim, sequence_dim = first.shape
+    texts = list(itertools.islice(itertools.cycle(loaded.recipe.inputs.texts), dims[batch_dim]))
+    encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=dims[sequence_dim], return_tensors="pt")
+    inputs = {}
+    for index, tensor in enumerate(loaded.recipe.inputs.tensors):
+        if tensor.name not in encoded:
+            raise loaded.error(
+                ("inputs", "tensors", index, "name"), f"the tokenizer gives no '{tensor.name}' (it gives: {', '.join(encoded)})"
+            )
+        inputs[tensor.name] = encoded[tensor.name].to(getattr(torch, tensor.dtype)).to(device)
+    return inputs
+
+
+__all__ = ["ShapeCase", "check_input_names", "dim_ranges", "dynamic_axes", "forward_parameters", "make_inputs", "shape_cases"]

@@ -1,0 +1,217 @@
+"""Load a recipe file into typed objects, with errors that name file, line and key.
+
+The YAML is composed into nodes first, so that every key and list item keeps
+the line it came from; pydantic's error locations are then mapped back onto
+those lines. Pass names and pass options are checked against the registry
+here, at load time, so a recipe never fails half-way through a build for a
+reason that was visible in the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from aot.errors import RecipeError
+from aot.recipe_schema import PassSpec, Recipe
+
+Location = tuple[str | int, ...]
+
+
+@dataclass
+class LoadedRecipe:
+    """A parsed recipe plus what is needed to point at its lines."""
+
+    path: Path
+    recipe: Recipe
+    passes: list[PassSpec]
+    text: str
+    lines: dict[Location, int] = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name or self.path.stem
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def where(self, *location: str | int) -> str:
+        """``file:line`` of the deepest part of ``location`` the file spells out."""
+        return f"{self.path}:{_line_for(self.lines, location)}"
+
+    def error(self, location: Location, message: str) -> RecipeError:
+        key = _dotted(location)
+        return RecipeError(f"{self.where(*location)}: {key}: {message}" if key else f"{self.where()}: {message}")
+
+    def resolved(self) -> dict[str, Any]:
+        """The recipe with every default filled in, as JSON-ready data."""
+        data = self.recipe.model_dump(mode="json", by_alias=True)
+        data["name"] = self.name
+        data["passes"] = [spec.model_dump(mode="json") for spec in self.passes]
+        return data
+
+
+def load_recipe(path: str | Path) -> LoadedRecipe:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: recipe file not found") from None
+    except OSError as error:
+        raise RecipeError(f"{path}: cannot read recipe: {error.strerror}") from None
+    data, lines = _parse_yaml(path, text)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}:1: a recipe is a YAML mapping with at least a `model` key")
+    try:
+        recipe = Recipe.model_validate(data)
+    except pydantic.ValidationError as error:
+        raise _pydantic_error(path, lines, error, rename={"validate_": "validate"}) from None
+    loaded = LoadedRecipe(path=path, recipe=recipe, passes=[], text=text, lines=lines)
+    loaded.passes = _resolve_passes(loaded)
+    _check_files(loaded)
+    return loaded
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[Location, int]]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise RecipeError(f"{path}:{line}: malformed YAML: {problem}") from None
+    if root is None:
+        raise RecipeError(f"{path}:1: the recipe is empty")
+    lines: dict[Location, int] = {}
+    _index_lines(path, root, (), lines)
+    data = yaml.safe_load(text)
+    return data, lines
+
+
+def _index_lines(path: Path, node: yaml.Node, location: Location, lines: dict[Location, int]) -> None:
+    lines[location] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise RecipeError(f"{path}:{key_node.start_mark.line + 1}: {_dotted(location + (key,))}: duplicate key")
+            seen.add(key)
+            _index_lines(path, value_node, location + (key,), lines)
+            # The key's own line, not the value's: that is where a user looks for it.
+            lines[location + (key,)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _index_lines(path, item, location + (index,), lines)
+
+
+def _line_for(lines: dict[Location, int], location: Location) -> int:
+    for cut in range(len(location), -1, -1):
+        if location[:cut] in lines:
+            return lines[location[:cut]]
+    return 1
+
+
+def _dotted(location: Location) -> str:
+    text = ""
+    for part in location:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _pydantic_error(
+    path: Path, lines: dict[Location, int], error: pydantic.ValidationError, rename: dict[str, str], prefix: Location = ()
+) -> RecipeError:
+    first = error.errors()[0]
+    location = prefix + tuple(rename.get(str(part), part) for part in first["loc"] if not _is_union_tag(part))
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif first["type"] == "missing":
+        message = "required key is missing"
+    else:
+        message = first["msg"].removeprefix("Value error, ")
+        if "input" in first and first["type"] not in ("model_type",) and not isinstance(first["input"], dict):
+            message += f" (got {first['input']!r})"
+    more = len(error.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    key = _dotted(location)
+    return RecipeError(f"{path}:{_line_for(lines, location)}: {key + ': ' if key else ''}{message}{suffix}")
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic inserts the tried union member ("str", "dict[str,...]") into error locations.
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "none"))
+
+
+def _resolve_passes(loaded: LoadedRecipe) -> list[PassSpec]:
+    from aot.passes import registry
+
+    frontend = loaded.recipe.trace.frontend
+    specs = []
+    for index, item in enumerate(loaded.recipe.passes):
+        location: Location = ("passes", index)
+        if isinstance(item, str):
+            name, options = item, {}
+        elif len(item) == 1:
+            name, options = next(iter(item.items()))
+            options = options or {}
+        else:
+            raise loaded.error(location, "a pass is a name or a one-key mapping {name: {options}}")
+        try:
+            info = registry.get(name)
+        except KeyError:
+            known = ", ".join(sorted(p.name for p in registry.all_passes()))
+            raise loaded.error(location, f"unknown pass '{name}' (known: {known})") from None
+        if frontend not in info.frontends:
+            raise loaded.error(
+                location, f"pass '{name}' cannot run on the '{frontend}' frontend (it supports: {', '.join(sorted(info.frontends))})"
+            )
+        try:
+            validated = info.options.model_validate(options)
+        except pydantic.ValidationError as error:
+            raise _pydantic_error(loaded.path, loaded.lines, error, rename={}, prefix=location + (name,)) from None
+        specs.append(PassSpec(name=name, options=validated.model_dump(mode="json")))
+    return specs
+
+
+def _check_files(loaded: LoadedRecipe) -> None:
+    model = loaded.recipe.model
+    if model.pretrained is not None:
+        directory = pretrained_directory(loaded)
+        if not directory.is_dir():
+            raise loaded.error(("model", "pretrained"), f"pretrained directory not found: {directory}")
+        if not (directory / "config.json").is_file():
+            raise loaded.error(("model", "pretrained"), f"no config.json in pretrained directory {directory}")
+
+
+def pretrained_directory(loaded: LoadedRecipe) -> Path:
+    model = loaded.recipe.model
+    assert model.pretrained is not None
+    if model.package:
+        import importlib.util
+
+        spec = importlib.util.find_spec(model.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise loaded.error(("model", "package"), f"package '{model.package}' is not installed")
+        base = Path(next(iter(spec.submodule_search_locations)))
+    else:
+        base = loaded.path.parent
+    return (base / model.pretrained).resolve()
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    schema = Recipe.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "aot recipe"
+    return schema
+
+
+def recipe_json_schema_text() -> str:
+    return json.dumps(recipe_json_schema(), indent=2, sort_keys=True) + "\n"

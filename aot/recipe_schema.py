@@ -1,0 +1,174 @@
+"""The typed recipe: one YAML file describes one build.
+
+Every option has a type, a default where one makes sense, and a description
+that ends up in the published JSON Schema (``aot schema``). Unknown keys are
+errors (``extra="forbid"``); :mod:`aot.recipe` turns pydantic's complaints into
+one line naming the recipe file, the line and the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "bool"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelSpec(_Strict):
+    """Where the model comes from: exactly one of ``config``, ``pretrained`` or ``factory``."""
+
+    config: dict[str, Any] | None = Field(
+        None,
+        description="Inline transformers config: must hold `model_type`; every other key overrides the "
+        "architecture's default (e.g. num_hidden_layers). Weights come from `seed`.",
+    )
+    pretrained: str | None = Field(
+        None,
+        description="Local pretrained directory (config.json + weights). Relative paths are resolved "
+        "against `package`'s install directory when given, else against the recipe file.",
+    )
+    package: str | None = Field(
+        None, description="Python package whose install directory `pretrained` is relative to."
+    )
+    factory: str | None = Field(
+        None, description="`package.module:function` returning an nn.Module; called with `factory_kwargs`."
+    )
+    factory_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for `factory`.")
+    model_class: str | None = Field(
+        None,
+        alias="class",
+        description="transformers class to build, e.g. BertModel or BertForSequenceClassification. "
+        "Defaults to AutoModel for the config.",
+    )
+    seed: int = Field(0, description="Seed for weight initialisation and random inputs.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    device: str = Field("cpu", description="Device the model, the trace and the validation run on.")
+    attn_implementation: Literal["sdpa", "eager"] | None = Field(
+        None, description="transformers attention implementation; the class default when unset."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        given = [key for key in ("config", "pretrained", "factory") if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of `config`, `pretrained` or `factory`"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        if self.config is not None and "model_type" not in self.config:
+            raise ValueError("`config` needs a `model_type` key (e.g. bert)")
+        return self
+
+
+class DimSpec(_Strict):
+    """A named dimension shared by the inputs, e.g. batch or sequence."""
+
+    size: int = Field(..., ge=1, description="Size at trace time.")
+    dynamic: bool = Field(False, description="Whether artifacts accept other sizes (dynamic ONNX axis).")
+    min: int | None = Field(None, ge=1, description="Smallest size accepted when dynamic.")
+    max: int | None = Field(None, ge=1, description="Largest size accepted when dynamic.")
+
+
+class TensorSpec(_Strict):
+    """One model input."""
+
+    name: str = Field(..., description="Keyword argument of the model's forward.")
+    shape: list[str | int] = Field(
+        default_factory=list, description="Dimension names (from `dims`) or fixed sizes."
+    )
+    dtype: DType = Field("int64", description="Element type.")
+    low: float | None = Field(None, description="Smallest random value (inclusive).")
+    high: float | None = Field(
+        None,
+        description="Largest random value (exclusive for integers). Token ids default to the vocab size.",
+    )
+    fill: Literal["random", "ones", "zeros"] = Field("random", description="How values are made.")
+
+
+class InputsSpec(_Strict):
+    """The example inputs: named dims, tensors, and optionally real texts."""
+
+    dims: dict[str, DimSpec] = Field(default_factory=dict, description="Named dimensions.")
+    tensors: list[TensorSpec] = Field(default_factory=list, description="Inputs in forward order.")
+    texts: list[str] | None = Field(
+        None,
+        description="Sample texts tokenised with the model's own tokenizer (pretrained models): tensors "
+        "then name the tokenizer outputs to feed, padded to the `sequence` dim.",
+    )
+
+    @model_validator(mode="after")
+    def _dims_known(self) -> InputsSpec:
+        for tensor in self.tensors:
+            for dim in tensor.shape:
+                if isinstance(dim, str) and dim not in self.dims:
+                    raise ValueError(f"input '{tensor.name}' uses dim '{dim}' that `dims` does not define")
+        return self
+
+
+class TraceSpec(_Strict):
+    """How the model is captured."""
+
+    frontend: Literal["fx", "export"] = Field(
+        "fx", description="`fx`: aot's HF-aware torch.fx tracer (module-level graph); `export`: torch.export."
+    )
+    leaf_modules: list[str] = Field(
+        default_factory=list,
+        description="Modules kept as call_module nodes: class names, dotted class paths or qualified names.",
+    )
+    autowrap_functions: list[str] = Field(
+        default_factory=list, description="`package.module:function` kept as call_function leaves."
+    )
+
+
+class ValidateSpec(_Strict):
+    """Numerical comparison of every artifact against the eager model."""
+
+    atol: float = Field(1e-4, ge=0, description="Absolute tolerance.")
+    rtol: float = Field(1e-4, ge=0, description="Relative tolerance: |a-b| <= atol + rtol*|b|.")
+    shapes: list[dict[str, int]] = Field(
+        default_factory=list,
+        description="Extra shapes to check beside the trace-time one, as {dim: size}. Defaults to two shapes "
+        "derived from the dynamic dims.",
+    )
+    bisect: bool = Field(True, description="On failure, re-run the pipeline pass by pass to name the culprit.")
+
+
+class OnnxSpec(_Strict):
+    enabled: bool = Field(True, description="Write model.onnx.")
+    opset: int = Field(18, ge=13, le=23, description="ONNX opset version.")
+
+
+class ExportSpec(_Strict):
+    """Which artifacts to write."""
+
+    graph_module: bool = Field(True, description="Write the saved GraphModule (code + safetensors + meta).")
+    onnx: OnnxSpec = Field(default_factory=OnnxSpec, description="ONNX artifact options.")
+
+
+class PassSpec(_Strict):
+    """One step of the pass pipeline, after parsing: a registered name and its options."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class Recipe(_Strict):
+    """One build."""
+
+    name: str | None = Field(None, description="Build name; defaults to the recipe file's stem.")
+    description: str | None = Field(None, description="Free text for people.")
+    model: ModelSpec
+    inputs: InputsSpec = Field(default_factory=InputsSpec)
+    trace: TraceSpec = Field(default_factory=TraceSpec)
+    passes: list[str | dict[str, dict[str, Any] | None]] = Field(
+        default_factory=list,
+        description="Pass pipeline: a registered pass name, or a one-key mapping {name: {option: value}}.",
+    )
+    validate_: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
+    export: ExportSpec = Field(default_factory=ExportSpec)
+    output: str | None = Field(None, description="Output directory; defaults to out/<name> under the cwd.")

@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny recipes written on the fly, and a CLI runner that shows its output on failure."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aot.cli import main
+
+TINY_BERT = """\
+model:
+  config:
+    model_type: bert
+    hidden_size: 32
+    num_hidden_layers: 2
+    num_attention_heads: 4
+    intermediate_size: 64
+    vocab_size: 128
+  class: BertModel
+  seed: 0
+inputs:
+  dims:
+    batch: {size: 2, dynamic: true}
+    sequence: {size: 8, dynamic: true}
+  tensors:
+    - {name: input_ids, shape: [batch, sequence]}
+    - {name: attention_mask, shape: [batch, sequence]}
+passes:
+  - merge_linears
+validate:
+  shapes:
+    - {batch: 1, sequence: 5}
+    - {batch: 3, sequence: 12}
+"""
+
+
+@pytest.fixture
+def write_recipe(tmp_path: Path):
+    def write(text: str = TINY_BERT, name: str = "tiny.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def cli():
+    def invoke(*args: str):
+        result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+        result.described = f"exit {result.exit_code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        return result
+
+    return invoke

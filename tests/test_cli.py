@@ -1,0 +1,133 @@
+"""The CLI end to end: exit codes, one-line errors, no partial output, atomic replacement."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_BERT
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "message"),
+    [
+        ("model: [unclosed\n", 2, "malformed YAML"),
+        (TINY_BERT.replace("  seed: 0\n", "  seed: 0\n  colour: red\n"), 2, "model.colour: unknown key"),
+        (TINY_BERT.replace("seed: 0", "seed: [0]"), 2, "model.seed: Input should be a valid integer"),
+        (TINY_BERT.replace("  - merge_linears", "  - fuse_everything"), 2, "unknown pass 'fuse_everything'"),
+        ("model:\n  pretrained: ./missing-model\n", 2, "pretrained directory not found"),
+        (TINY_BERT.replace("name: attention_mask", "name: attention_masks"), 2, "BertModel.forward has no input 'attention_masks'"),
+    ],
+    ids=["malformed-yaml", "unknown-key", "wrong-type", "unknown-pass", "missing-model-dir", "unknown-input"],
+)
+def test_bad_recipe_exit_code_and_message(cli, write_recipe, tmp_path, text, code, message):
+    output = tmp_path / "out"
+    result = cli("build", write_recipe(text), "-o", output)
+    assert result.exit_code == code, result.described
+    assert message in result.stderr, result.described
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.described
+    assert not output.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")], "no staging directory left behind"
+
+
+NOISY = """\
+model:
+  factory: tests.models:noisy_linear
+inputs:
+  dims:
+    batch: {size: 2, dynamic: true}
+  tensors:
+    - {name: x, shape: [batch, 8], dtype: float32}
+"""
+
+
+def test_validation_failure_exit_code_names_output(cli, write_recipe, tmp_path):
+    result = cli("build", write_recipe(NOISY), "-o", tmp_path / "out")
+    assert result.exit_code == 5, result.described
+    assert "graph at batch=2: output 'output' shape (2, 8) max abs error" in result.stderr, result.described
+    assert "outputs already diverge right after tracing" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_build_writes_artifacts_and_manifest(cli, write_recipe, tmp_path):
+    output = tmp_path / "out"
+    result = cli("build", write_recipe(), "-o", output, "--json")
+    assert result.exit_code == 0, result.described
+    report = json.loads(result.stdout)
+    assert report["ok"]
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert {"graph_module/module.py", "graph_module/weights.safetensors", "model.onnx"} <= set(manifest["artifacts"])
+    assert set(manifest["versions"]) >= {"python", "torch", "transformers", "onnx", "onnxruntime", "aot"}
+    shapes = {(v["artifact"], v["shape"]) for v in manifest["validation"]}
+    for artifact in ("graph", "graph_module", "onnx"):
+        assert len([s for a, s in shapes if a == artifact]) >= 3, shapes
+    assert all(v["ok"] for v in manifest["validation"])
+    assert manifest["passes"][0]["name"] == "merge_linears" and manifest["passes"][0]["changed"] > 0
+
+    result = cli("validate", output)
+    assert result.exit_code == 0, result.described
+
+
+@pytest.mark.slow
+def test_tampered_weights_fail_validate(cli, write_recipe, tmp_path):
+    output = tmp_path / "out"
+    assert cli("build", write_recipe(), "-o", output).exit_code == 0
+    weights = output / "graph_module" / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    result = cli("validate", output)
+    assert result.exit_code == 7, result.described
+    assert "weights.safetensors" in result.stderr and "sha256" in result.stderr
+
+
+@pytest.mark.slow
+def test_killed_build_leaves_previous_output_untouched(write_recipe, tmp_path):
+    recipe, output = write_recipe(), tmp_path / "out"
+    command = [sys.executable, "-m", "aot.cli", "build", str(recipe), "-o", str(output)]
+    subprocess.run(command, check=True, capture_output=True, cwd=tmp_path)
+    before = _tree_bytes(output)
+    assert "manifest.json" in before
+
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    staging = tmp_path / f".out.aot-tmp-{process.pid}"
+    deadline = time.monotonic() + 120
+    while not (staging / "recipe.yaml").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, "the build ended before it could be killed mid-way"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert _tree_bytes(output) == before
+
+    # The next build cleans the dead build's staging directory.
+    subprocess.run(command, check=True, capture_output=True, cwd=tmp_path)
+    assert not staging.exists()
+
+
+def test_passes_lists_every_registered_pass(cli):
+    from aot.passes import registry
+
+    result = cli("passes")
+    assert result.exit_code == 0, result.described
+    names = [info.name for info in registry.all_passes()]
+    assert names, "the registry must not be empty"
+    for name in names:
+        assert name in result.stdout
+
+
+def test_schema_command_prints_json_schema(cli):
+    result = cli("schema")
+    assert json.loads(result.stdout)["title"] == "aot recipe"
