@@ -176,18 +176,25 @@ def _write_artifacts(
 
     (staging / "recipe.yaml").write_text(loaded.text)
     options = loaded.recipe.export
-    if options.graph_module:
+    # ONNX first: the graph_module-only passes (e.g. CPU weight prepacking) produce ops ONNX cannot express.
+    if options.onnx.enabled:
+        with stage("export_onnx"):
+            onnx_path = staging / "model.onnx"
+            export.export_onnx(graph_module, onnx_path, cases[0].inputs, dynamic_axes(loaded), opset=options.onnx.opset)
+            if options.onnx.optimize != "none":
+                export.optimize_onnx(onnx_path, options.onnx.optimize, loaded.recipe.model)
+        with stage("validate_onnx"):
+            report.validation += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
+    if options.graph_module.enabled:
+        if loaded.graph_module_passes:
+            with stage("graph_module_passes"):
+                graph_module, records = run_pipeline(graph_module, loaded.graph_module_passes)
+                report.passes += records
         with stage("export_graph_module"):
             export.save_graph_module(graph_module, staging / "graph_module")
         with stage("validate_graph_module"):
             saved = export.load(staging / "graph_module")
             report.validation += _validate("graph_module", saved, cases, expected, loaded)
-    if options.onnx.enabled:
-        with stage("export_onnx"):
-            export.export_onnx(graph_module, staging / "model.onnx", cases[0].inputs, dynamic_axes(loaded), opset=options.onnx.opset)
-        with stage("validate_onnx"):
-            onnx_path = staging / "model.onnx"
-            report.validation += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
     failed = [c for c in report.validation if not c.ok]
     if failed:
         raise ValidationError(failed[0].summary())

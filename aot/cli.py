@@ -95,6 +95,84 @@ def validate(context: click.Context, directory: str, recipe: str | None, as_json
         click.echo(f"ok: {report.files_checked} files match the manifest; {len(report.validation)} runs within tolerance")
 
 
+def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
+    grid = {}
+    for value in values:
+        name, _, sizes = value.partition("=")
+        try:
+            grid[name.strip()] = [int(size) for size in sizes.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"'{value}' is not DIM=SIZE[,SIZE...]", param_hint="--shape") from None
+    return grid
+
+
+@main.command(name="bench")
+@click.argument("target", type=click.Path(exists=True, path_type=str))
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str), help="Where to build when TARGET is a recipe.")
+@click.option("-s", "--shape", "shapes", multiple=True, help="Grid dim, e.g. -s batch=1,8 -s sequence=128 (product).")
+@click.option("--runs", default=30, show_default=True, help="Timed rounds per shape.")
+@click.option("--warmup", default=3, show_default=True, help="Untimed calls per runner first.")
+@click.option("--threads", type=int, help="Intra-op threads for torch and ONNX Runtime (default: torch's).")
+@click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
+@click.option("--chart", type=click.Path(dir_okay=False, path_type=str), help="Also draw the speedups as a PNG chart.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_context
+def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, as_json) -> None:
+    """Time eager, the saved GraphModule and ONNX Runtime side by side on TARGET (a build directory or a recipe)."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from aot.bench import bench, draw_chart
+
+    grid = _parse_grid(shapes)
+
+    def run():
+        directory = target
+        if Path(target).is_file():
+            from aot.build import build as run_build
+
+            directory = run_build(target, output, progress=_stderr_progress).output
+        with Progress(transient=True, console=_stderr_console()) as progress:
+            task = progress.add_task("benchmarking", total=None)
+            report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory,
+                           tick=lambda label: progress.update(task, advance=1, description=f"bench {label}"))
+        if chart:
+            draw_chart(report, Path(chart))
+        return report
+
+    report = _run(context.obj["debug"], run)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return
+    _print_bench(report)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _print_bench(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report.build}: {report.threads} threads, median of {report.runs} interleaved runs")
+    for column in ("shape", "runner", "median ms", "p10 ms", "p90 ms", "vs eager", "peak MiB"):
+        table.add_column(column, justify="left" if column in ("shape", "runner") else "right")
+    for shape in report.shapes:
+        label = ",".join(f"{k}={v}" for k, v in shape.shape.items())
+        for figures in shape.runners:
+            table.add_row(label, figures.runner, f"{figures.median_ms:.2f}", f"{figures.p10_ms:.2f}", f"{figures.p90_ms:.2f}",
+                          f"{figures.speedup:.2f}x", "-" if figures.peak_mib is None else f"{figures.peak_mib:.0f}")
+            label = ""
+    console = Console()
+    console.print(table)
+    if report.build_stages_s:
+        console.print("build stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in report.build_stages_s.items()))
+
+
 @main.command(name="passes")
 @click.option("--json", "as_json", is_flag=True, help="Print the registry as JSON.")
 def list_passes(as_json: bool) -> None:

@@ -33,6 +33,7 @@ class LoadedRecipe:
     passes: list[PassSpec]
     text: str
     lines: dict[Location, int] = field(repr=False)
+    graph_module_passes: list[PassSpec] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -55,6 +56,7 @@ class LoadedRecipe:
         data = self.recipe.model_dump(mode="json", by_alias=True)
         data["name"] = self.name
         data["passes"] = [spec.model_dump(mode="json") for spec in self.passes]
+        data["export"]["graph_module"]["passes"] = [spec.model_dump(mode="json") for spec in self.graph_module_passes]
         return data
 
 
@@ -74,7 +76,10 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     except pydantic.ValidationError as error:
         raise _pydantic_error(path, lines, error, rename={"validate_": "validate"}) from None
     loaded = LoadedRecipe(path=path, recipe=recipe, passes=[], text=text, lines=lines)
-    loaded.passes = _resolve_passes(loaded)
+    loaded.passes = _resolve_passes(loaded, loaded.recipe.passes, ("passes",))
+    loaded.graph_module_passes = _resolve_passes(
+        loaded, loaded.recipe.export.graph_module.passes, ("export", "graph_module", "passes")
+    )
     _check_files(loaded)
     return loaded
 
@@ -150,13 +155,13 @@ def _is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "none"))
 
 
-def _resolve_passes(loaded: LoadedRecipe) -> list[PassSpec]:
+def _resolve_passes(loaded: LoadedRecipe, items: list, prefix: Location) -> list[PassSpec]:
     from aot.passes import registry
 
     frontend = loaded.recipe.trace.frontend
     specs = []
-    for index, item in enumerate(loaded.recipe.passes):
-        location: Location = ("passes", index)
+    for index, item in enumerate(items):
+        location: Location = prefix + (index,)
         if isinstance(item, str):
             name, options = item, {}
         elif len(item) == 1:

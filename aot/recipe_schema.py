@@ -138,15 +138,45 @@ class ValidateSpec(_Strict):
     bisect: bool = Field(True, description="On failure, re-run the pipeline pass by pass to name the culprit.")
 
 
-class OnnxSpec(_Strict):
+PassList = list[str | dict[str, dict[str, Any] | None]]
+
+
+class _Toggle(_Strict):
+    """An artifact section that also accepts a bare `true` / `false` for `enabled`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _enabled_shorthand(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
+class GraphModuleSpec(_Toggle):
+    """The saved GraphModule artifact."""
+
+    enabled: bool = Field(True, description="Write graph_module/ (code + safetensors + meta).")
+    passes: PassList = Field(
+        default_factory=list,
+        description="Passes for this artifact only, run after the ONNX export (e.g. CPU weight prepacking, "
+        "which ONNX cannot express). Same form as the top-level `passes`.",
+    )
+
+
+class OnnxSpec(_Toggle):
+    """The ONNX artifact."""
+
     enabled: bool = Field(True, description="Write model.onnx.")
     opset: int = Field(18, ge=13, le=23, description="ONNX opset version.")
+    optimize: Literal["none", "transformer"] = Field(
+        "none",
+        description="ONNX-level stage after export: `transformer` applies ONNX Runtime's transformer fusions "
+        "(attention, skip-layernorm, bias-gelu); validated like any pass.",
+    )
 
 
 class ExportSpec(_Strict):
     """Which artifacts to write."""
 
-    graph_module: bool = Field(True, description="Write the saved GraphModule (code + safetensors + meta).")
+    graph_module: GraphModuleSpec = Field(default_factory=GraphModuleSpec, description="Saved GraphModule options.")
     onnx: OnnxSpec = Field(default_factory=OnnxSpec, description="ONNX artifact options.")
 
 
@@ -165,7 +195,7 @@ class Recipe(_Strict):
     model: ModelSpec
     inputs: InputsSpec = Field(default_factory=InputsSpec)
     trace: TraceSpec = Field(default_factory=TraceSpec)
-    passes: list[str | dict[str, dict[str, Any] | None]] = Field(
+    passes: PassList = Field(
         default_factory=list,
         description="Pass pipeline: a registered pass name, or a one-key mapping {name: {option: value}}.",
     )

@@ -1,0 +1,45 @@
+"""Graph passes: the transformation API, the registry and the built-in passes.
+
+Importing ``aot.passes`` registers every built-in pass; ``aot.passes.registry``
+looks them up by name. See ``base.py`` for the API and each pass module for the
+graph before and after and the math.
+"""
+
+from . import registry
+from .base import PassResult, ReversibleTransformation, Transformation
+from .change_true_div_to_mul_by_inverse import ChangeTrueDivToMulByInverse
+from .compose import compose
+from .dead_code_elimination import DeadCodeElimination
+from .deep_copy import DeepCopy
+from .fuse_batch_norm_1d_in_linear import FuseBatchNorm1dInLinear
+from .fuse_batch_norm_2d_in_conv_2d import FuseBatchNorm2dInConv2d
+from .fuse_bias_in_linear import FuseBiasInLinear
+from .lint_and_recompile import LintAndRecompile
+from .merge_linears import MergeLinears
+from .registry import PassInfo, register_pass
+from .remove_dropout import RemoveDropout
+from .remove_identity import RemoveIdentity
+from .remove_redundant_casts import RemoveRedundantCasts
+from .remove_redundant_reshapes import RemoveRedundantReshapes
+
+__all__ = [
+    "ChangeTrueDivToMulByInverse",
+    "DeadCodeElimination",
+    "DeepCopy",
+    "FuseBatchNorm1dInLinear",
+    "FuseBatchNorm2dInConv2d",
+    "FuseBiasInLinear",
+    "LintAndRecompile",
+    "MergeLinears",
+    "PassInfo",
+    "PassResult",
+    "RemoveDropout",
+    "RemoveIdentity",
+    "RemoveRedundantCasts",
+    "RemoveRedundantReshapes",
+    "ReversibleTransformation",
+    "Transformation",
+    "compose",
+    "register_pass",
+    "registry",
+]

@@ -1,0 +1,229 @@
+"""``aot bench``: eager vs the saved GraphModule vs the ONNX model, in one process, interleaved.
+
+Every figure is a ratio against eager measured in the same run, so machine
+noise hits all contestants alike. For each shape of the grid:
+
+1. every runner is warmed up;
+2. ``runs`` rounds follow; in each round every runner is timed once, in an
+   order that rotates from round to round;
+3. medians, p10 and p90 are taken per runner, and ``speedup = eager median /
+   runner median``.
+
+Peak memory is read from the kernel: ``/proc/self/clear_refs`` resets the
+process's peak resident set, then a few calls of one runner follow, and
+``VmHWM`` minus the resident set before them is that runner's peak.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aot.errors import RecipeError
+from aot.inputs import make_inputs
+from aot.manifest import MANIFEST_NAME, read_manifest
+from aot.models import load_model, load_tokenizer
+from aot.recipe import LoadedRecipe, load_recipe
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[[dict[str, torch.Tensor]], Any]
+Tick = Callable[[], None]
+
+
+@dataclass
+class RunnerFigures:
+    runner: str
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    speedup: float
+    peak_mib: float | None
+
+
+@dataclass
+class ShapeFigures:
+    shape: dict[str, int]
+    runners: list[RunnerFigures] = field(default_factory=list)
+
+
+@dataclass
+class BenchReport:
+    build: str
+    threads: int
+    runs: int
+    warmup: int
+    shapes: list[ShapeFigures] = field(default_factory=list)
+    build_stages_s: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def _rss_kib(field_name: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _peak_mib(run: Runner, inputs: dict[str, torch.Tensor], calls: int = 3) -> float | None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    before = _rss_kib("VmRSS")
+    for _ in range(calls):
+        run(inputs)
+    peak = _rss_kib("VmHWM")
+    if before is None or peak is None:
+        return None
+    return round(max(peak - before, 0) / 1024, 1)
+
+
+def _load_build(directory: Path) -> tuple[LoadedRecipe, dict[str, Any]]:
+    if not (directory / MANIFEST_NAME).is_file():
+        raise RecipeError(f"{directory}: not an aot build directory (no {MANIFEST_NAME})")
+    manifest = read_manifest(directory)
+    source = Path(manifest["recipe"]["path"])
+    loaded = load_recipe(source if source.is_file() else directory / "recipe.yaml")
+    return loaded, manifest
+
+
+def _runners(directory: Path, model: torch.nn.Module, threads: int) -> dict[str, Runner]:
+    from aot import export
+
+    runners: dict[str, Runner] = {"eager": lambda inputs: model(**inputs)}
+    if (directory / "graph_module").is_dir():
+        saved = export.load(directory / "graph_module")
+        runners["graph_module"] = lambda inputs: saved(**inputs)
+    onnx_path = directory / "model.onnx"
+    if onnx_path.is_file():
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        runners["onnx"] = lambda inputs: session.run(None, {n: inputs[n].numpy() for n in names})
+    return runners
+
+
+def grid_shapes(loaded: LoadedRecipe, grid: dict[str, list[int]]) -> list[dict[str, int]]:
+    dims = {name: [dim.size] for name, dim in loaded.recipe.inputs.dims.items()}
+    for name, sizes in grid.items():
+        if name not in dims:
+            raise RecipeError(f"--shape {name}=...: the recipe has no dim '{name}' (it has: {', '.join(dims)})")
+        dims[name] = sizes
+    names = list(dims)
+    return [dict(zip(names, sizes)) for sizes in itertools.product(*(dims[n] for n in names))]
+
+
+def bench(
+    directory: str | Path,
+    grid: dict[str, list[int]] | None = None,
+    runs: int = 30,
+    warmup: int = 3,
+    threads: int | None = None,
+    memory: bool = True,
+    tick: Callable[[str], None] | None = None,
+) -> BenchReport:
+    directory = Path(directory)
+    loaded, manifest = _load_build(directory)
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    model = load_model(loaded)
+    runners = _runners(directory, model, threads)
+    tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
+    report = BenchReport(
+        build=str(directory), threads=threads, runs=runs, warmup=warmup, build_stages_s=manifest.get("timings_s", {}).get("stages", {})
+    )
+    with torch.inference_mode():
+        for shape in grid_shapes(loaded, grid or {}):
+            inputs = make_inputs(loaded, model, shape, seed=loaded.recipe.model.seed, tokenizer=tokenizer)
+            report.shapes.append(_bench_shape(shape, inputs, runners, runs, warmup, memory, tick))
+    return report
+
+
+def _bench_shape(
+    shape: dict[str, int],
+    inputs: dict[str, torch.Tensor],
+    runners: dict[str, Runner],
+    runs: int,
+    warmup: int,
+    memory: bool,
+    tick: Callable[[str], None] | None,
+) -> ShapeFigures:
+    names = list(runners)
+    for name in names:
+        for _ in range(warmup):
+            runners[name](inputs)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(runs):
+        rotation = round_index % len(names)
+        for name in names[rotation:] + names[:rotation]:
+            started = time.perf_counter()
+            runners[name](inputs)
+            samples[name].append((time.perf_counter() - started) * 1000)
+        if tick:
+            tick(",".join(f"{k}={v}" for k, v in shape.items()))
+    eager_median = statistics.median(samples["eager"])
+    figures = ShapeFigures(shape=shape)
+    for name in names:
+        median = statistics.median(samples[name])
+        figures.runners.append(
+            RunnerFigures(
+                runner=name,
+                median_ms=round(median, 3),
+                p10_ms=round(_percentile(samples[name], 10), 3),
+                p90_ms=round(_percentile(samples[name], 90), 3),
+                speedup=round(eager_median / median, 3),
+                peak_mib=_peak_mib(runners[name], inputs) if memory else None,
+            )
+        )
+    return figures
+
+
+def draw_chart(report: BenchReport, path: Path) -> None:
+    """A bar chart of speedups over eager per shape (needs matplotlib: `pip install 'aot[chart]'`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RecipeError("--chart needs matplotlib: pip install 'aot[chart]'") from None
+    labels = [",".join(f"{k}={v}" for k, v in s.shape.items()) for s in report.shapes]
+    runner_names = [r.runner for r in report.shapes[0].runners] if report.shapes else []
+    figure, axes = plt.subplots(figsize=(max(4, 1.8 * len(labels) * len(runner_names) / 2), 3.5))
+    width = 0.8 / max(len(runner_names), 1)
+    for index, name in enumerate(runner_names):
+        values = [next(r.speedup for r in s.runners if r.runner == name) for s in report.shapes]
+        positions = [i + index * width for i in range(len(labels))]
+        bars = axes.bar(positions, values, width, label=name)
+        axes.bar_label(bars, fmt="%.2fx", fontsize=8)
+    axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.set_xticks([i + width * (len(runner_names) - 1) / 2 for i in range(len(labels))], labels)
+    axes.set_ylabel("speedup over eager")
+    axes.set_title(f"aot bench: {Path(report.build).name}, {report.threads} threads, median of {report.runs}")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120, metadata={"Software": None})
+    plt.close(figure)

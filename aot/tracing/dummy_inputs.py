@@ -1,0 +1,93 @@
+"""Example inputs made from a model's config, for tracing when the caller gives none.
+
+Shapes are fixed (batch 2, text length 16, decoder length 8) and values come
+from a generator seeded with 0, so two runs trace the same thing. The tracer
+never specialises on these values; they only give the fake tensors their shapes
+and dtypes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+from aot.errors import TraceError
+
+BATCH = 2
+SEQUENCE = 16
+DECODER_SEQUENCE = 8
+DEFAULT_IMAGE_SIZE = 64
+
+
+def forward_parameters(model: torch.nn.Module) -> list[str]:
+    """Named parameters of ``model.forward`` (no ``*args`` / ``**kwargs``)."""
+    signature = inspect.signature(model.forward)
+    return [
+        name
+        for name, parameter in signature.parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    ]
+
+
+def default_input_names(model: torch.nn.Module) -> list[str]:
+    parameters = forward_parameters(model)
+    config = getattr(model, "config", None)
+    main = getattr(model, "main_input_name", None) or parameters[0]
+    names = [main]
+    if main == "input_ids":
+        if "attention_mask" in parameters:
+            names.append("attention_mask")
+        if "token_type_ids" in parameters and getattr(config, "type_vocab_size", 0) > 1:
+            names.append("token_type_ids")
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
+        names.append("decoder_input_ids")
+    return names
+
+
+def _sub_config(config, *names: str):
+    for name in names:
+        sub = getattr(config, name, None)
+        if sub is not None:
+            return sub
+    return config
+
+
+def make_dummy_inputs(model: torch.nn.Module, input_names: Sequence[str]) -> dict[str, torch.Tensor]:
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TraceError(f"{type(model).__name__} has no config to make dummy inputs from; pass dummy_inputs")
+    generator = torch.Generator().manual_seed(0)
+    text = _sub_config(config, "text_config")
+    vocab = getattr(text, "vocab_size", None) or 2
+    inputs: dict[str, torch.Tensor] = {}
+    for name in input_names:
+        length = DECODER_SEQUENCE if name.startswith("decoder_") else SEQUENCE
+        if name in ("input_ids", "decoder_input_ids", "labels"):
+            inputs[name] = torch.randint(0, vocab, (BATCH, length), generator=generator)
+        elif name in ("attention_mask", "decoder_attention_mask"):
+            mask = torch.ones(BATCH, length, dtype=torch.long)
+            mask[1, length - 4:] = 0  # the second row is padded
+            inputs[name] = mask
+        elif name == "token_type_ids":
+            types = max(getattr(text, "type_vocab_size", 1) or 1, 1)
+            inputs[name] = torch.randint(0, types, (BATCH, SEQUENCE), generator=generator)
+        elif name in ("position_ids", "decoder_position_ids"):
+            inputs[name] = torch.arange(length).expand(BATCH, length).clone()
+        elif name == "pixel_values":
+            vision = _sub_config(config, "vision_config")
+            size = getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
+            size = size if isinstance(size, int) else size[0]
+            channels = getattr(vision, "num_channels", 3)
+            inputs[name] = torch.randn(BATCH, channels, size, size, generator=generator)
+        elif name == "input_features":
+            mel_bins = getattr(config, "num_mel_bins", 80)
+            frames = 2 * getattr(config, "max_source_positions", 1500)
+            inputs[name] = torch.randn(BATCH, mel_bins, frames, generator=generator)
+        elif name in ("inputs_embeds", "decoder_inputs_embeds", "encoder_hidden_states"):
+            hidden = getattr(text, "hidden_size", None) or getattr(text, "d_model")
+            inputs[name] = torch.randn(BATCH, length, hidden, generator=generator)
+        else:
+            raise TraceError(f"cannot make a dummy value for input '{name}' of {type(model).__name__}; pass dummy_inputs")
+    return inputs

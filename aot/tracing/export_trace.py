@@ -1,0 +1,145 @@
+"""``export_trace``: the ``export`` frontend, an ATen-level graph from ``torch.export``.
+
+    gm = export_trace(model, {"input_ids": ids, "attention_mask": mask},
+                      dynamic_dims={"input_ids": {0: "batch", 1: "seq"},
+                                    "attention_mask": {0: "batch", 1: "seq"}})
+    gm(input_ids=..., attention_mask=...)
+
+Dynamic dimensions are named; one name is one ``torch.export.Dim`` shared by
+every axis that uses it. Ranges: ``dim_ranges[name] = (min, max)`` when given;
+otherwise ``min`` is 1 for a name containing "batch" and 2 for any other
+(``torch.export`` specialises sizes 0 and 1), and ``max`` is the model's
+maximum number of positions for the axes of token inputs (ids, masks), and
+unbounded elsewhere.
+
+Export is non-strict (``strict=False``): the model's Python runs normally and
+only tensor operations are recorded, as ATen ops. The returned module is
+``exported_program.module()`` with ``gm.meta["trace_report"]`` (frontend
+``"export"``) and ``node.meta["scope"]`` derived from ``nn_module_stack``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx
+
+from aot.errors import TraceError
+
+from .model_state import disable_hooked_forward, preserved_model_state
+from .scope import Scope, qualified_type_name
+
+logger = logging.getLogger(__name__)
+
+_TOKEN_INPUT_MARKERS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+_MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_source_positions")
+
+
+def _max_positions(model: torch.nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    for key in _MAX_POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 2:
+            return value
+    return None
+
+
+def _build_dims(
+    model: torch.nn.Module,
+    example_kwargs: Mapping[str, Any],
+    dynamic_dims: Mapping[str, Mapping[int, str]],
+    dim_ranges: Mapping[str, tuple[int, int]] | None,
+) -> tuple[dict[str, dict[int, Any]], dict[str, list[int | None]]]:
+    dim_ranges = dict(dim_ranges or {})
+    max_positions = _max_positions(model)
+    ranges: dict[str, list[int | None]] = {}
+    for input_name, axes in dynamic_dims.items():
+        if input_name not in example_kwargs:
+            raise TraceError(f"dynamic_dims names input '{input_name}', which example_kwargs do not have")
+        rank = example_kwargs[input_name].dim()
+        for axis, dim_name in axes.items():
+            if not -rank <= int(axis) < rank:
+                raise TraceError(f"dynamic_dims['{input_name}'] names axis {axis}, but that input has rank {rank}")
+            if dim_name in dim_ranges:
+                low, high = dim_ranges[dim_name]
+                ranges[dim_name] = [int(low), None if high is None else int(high)]
+                continue
+            low = 1 if "batch" in dim_name else 2
+            high = None
+            if int(axis) != 0 and max_positions and any(m in input_name for m in _TOKEN_INPUT_MARKERS):
+                high = max_positions
+            current = ranges.setdefault(dim_name, [low, high])
+            if high is not None and (current[1] is None or high < current[1]):
+                current[1] = high
+    dims = {
+        name: torch.export.Dim(name, min=low, max=high) if high is not None else torch.export.Dim(name, min=low)
+        for name, (low, high) in ranges.items()
+    }
+    shapes: dict[str, dict[int, Any]] = {}
+    for input_name in example_kwargs:
+        axes = (dynamic_dims or {}).get(input_name)
+        shapes[input_name] = {int(axis): dims[name] for axis, name in axes.items()} if axes else None
+    return shapes, ranges
+
+
+def _scope_of(node: torch.fx.Node, root_scope: Scope) -> Scope:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return root_scope
+    path, module_type = list(stack.values())[-1]
+    if isinstance(module_type, type):
+        module_type = qualified_type_name(module_type)
+    path = path.replace("L['self'].", "").replace("L['self']", "")
+    return Scope(path, str(module_type))
+
+
+def export_trace(
+    model: torch.nn.Module,
+    example_kwargs: dict[str, torch.Tensor],
+    dynamic_dims: dict[str, dict[int, str]] | None = None,
+    dim_ranges: dict[str, tuple[int, int]] | None = None,
+) -> torch.fx.GraphModule:
+    """Export ``model`` called as ``model(**example_kwargs)``; see the module docstring. Raises ``TraceError``."""
+    started = time.perf_counter()
+    if not isinstance(example_kwargs, Mapping) or not example_kwargs:
+        raise TraceError(f"export_trace of {type(model).__name__} needs example_kwargs: a dict of input tensors")
+    dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, dim_ranges)
+    with disable_hooked_forward(model), preserved_model_state(model) as restored:
+        try:
+            program = torch.export.export(
+                model, (), kwargs=dict(example_kwargs), dynamic_shapes=dynamic_shapes, strict=False
+            )
+        except Exception as error:  # torch.export raises many types; report one line
+            first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise TraceError(
+                f"torch.export failed on {type(model).__name__}: {type(error).__name__}: {first_line[:400]}"
+            ) from error
+    gm = program.module()
+    root_scope = Scope("", qualified_type_name(model))
+    for node in gm.graph.nodes:
+        node.meta["scope"] = _scope_of(node, root_scope)
+    constants = [
+        {"name": name, "shape": list(value.shape), "dtype": str(value.dtype), "device": str(value.device)}
+        for name, value in program.constants.items()
+        if isinstance(value, torch.Tensor)
+    ]
+    gm.meta["trace_report"] = {
+        "frontend": "export",
+        "model": type(model).__name__,
+        "input_names": list(example_kwargs),
+        "input_shapes": {name: list(value.shape) for name, value in example_kwargs.items()},
+        "dynamic_dims": {name: {str(axis): dim for axis, dim in axes.items()} for name, axes in (dynamic_dims or {}).items()},
+        "dim_ranges": {name: list(bounds) for name, bounds in ranges.items()},
+        "range_constraints": {str(symbol): str(bound) for symbol, bound in program.range_constraints.items()},
+        "leaf_modules": [],
+        "decisions": [],
+        "baked_constants": constants,
+        "restored_attributes": restored,
+        "num_nodes": len(gm.graph.nodes),
+        "duration_s": round(time.perf_counter() - started, 4),
+    }
+    return gm

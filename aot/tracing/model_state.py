@@ -1,0 +1,83 @@
+"""Keep the eager model exactly as it was while it is traced.
+
+Tracing runs the model's Python code with proxies: code that caches a value on
+``self`` (``self._cache = x``), installs hooks (transformers' output capture)
+or flips a config field would leave proxies or new state on the model.
+``preserved_model_state`` snapshots every module's ``__dict__`` (and the dicts
+of parameters, buffers, submodules and hooks inside it) and every config
+reachable from a module, and puts all of it back on exit, listing what it had
+to restore.
+
+``disable_hooked_forward`` takes accelerate's hooks off (``module.forward`` is
+the hooked wrapper, ``module._old_forward`` the original) for the duration of
+the trace and always puts them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+_MISSING = object()
+
+
+def _snapshot(obj: Any) -> tuple[dict, dict]:
+    state = dict(obj.__dict__)
+    nested = {key: dict(value) for key, value in state.items() if isinstance(value, dict) and key.startswith("_")}
+    return state, nested
+
+
+def _restore(obj: Any, label: str, state: dict, nested: dict, restored: list[str]) -> None:
+    current = obj.__dict__
+    for key in [key for key in current if key not in state]:
+        del current[key]
+        restored.append(f"{label}{key} (added during tracing)")
+    for key, value in state.items():
+        if current.get(key, _MISSING) is not value:
+            current[key] = value
+            restored.append(f"{label}{key}")
+    for key, saved in nested.items():
+        live = current[key]
+        if live.keys() != saved.keys() or any(live[name] is not item for name, item in saved.items()):
+            live.clear()
+            live.update(saved)
+            restored.append(f"{label}{key}")
+
+
+@contextlib.contextmanager
+def preserved_model_state(model: torch.nn.Module) -> Iterator[list[str]]:
+    """Yields the list it fills, on exit, with the attributes it had to put back."""
+    restored: list[str] = []
+    modules = [(name, module, *_snapshot(module)) for name, module in model.named_modules()]
+    configs: dict[int, tuple[Any, dict, dict]] = {}
+    for _, module, state, _ in modules:
+        config = state.get("config")
+        if config is not None and hasattr(config, "__dict__") and id(config) not in configs:
+            configs[id(config)] = (config, *_snapshot(config))
+    try:
+        yield restored
+    finally:
+        for name, module, state, nested in modules:
+            _restore(module, f"{name}." if name else "", state, nested, restored)
+        for config, state, nested in configs.values():
+            _restore(config, "config.", state, nested, restored)
+
+
+@contextlib.contextmanager
+def disable_hooked_forward(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Run with accelerate's forward hooks removed; they are always restored."""
+    hooked = [
+        (module, module.__dict__["forward"])
+        for module in model.modules()
+        if hasattr(module, "_hf_hook") and "_old_forward" in module.__dict__ and "forward" in module.__dict__
+    ]
+    try:
+        for module, _ in hooked:
+            module.__dict__["forward"] = module.__dict__["_old_forward"]
+        yield model
+    finally:
+        for module, forward in hooked:
+            module.__dict__["forward"] = forward

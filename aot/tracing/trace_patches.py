@@ -1,0 +1,90 @@
+"""What the tracer swaps in the outside world while it runs, always put back.
+
+- torch tensor constructors (``torch.arange(seq_len)`` with a traced length,
+  ``torch.zeros(..., dtype=x.dtype)``) and ``torch.finfo`` / ``torch.iinfo`` of
+  a traced dtype become graph nodes instead of baking the example's value;
+- the mask builders of ``transformers.masking_utils``, wherever a loaded
+  transformers module imported them, become the stand-ins of ``hf_masks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx
+
+from .hf_masks import MASK_BUILDER_KINDS, traced_mask_builder
+
+PROXY_AWARE_TORCH_FUNCTIONS = (
+    "arange", "zeros", "ones", "full", "empty", "eye", "linspace", "tensor", "as_tensor",
+    "rand", "randn", "randint", "finfo", "iinfo",
+)
+
+
+def _find_proxy(value: Any) -> torch.fx.Proxy | None:
+    if isinstance(value, torch.fx.Proxy):
+        return value
+    if isinstance(value, (tuple, list)):
+        items = value
+    elif isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, slice):
+        items = (value.start, value.stop, value.step)
+    else:
+        return None
+    for item in items:
+        found = _find_proxy(item)
+        if found is not None:
+            return found
+    return None
+
+
+def proxy_aware(function: Callable) -> Callable:
+    """``function`` as is, unless an argument is traced: then a ``call_function`` node of it."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        proxy = _find_proxy(args)
+        if proxy is None:
+            proxy = _find_proxy(kwargs)
+        if proxy is None:
+            return function(*args, **kwargs)
+        return proxy.tracer.create_proxy("call_function", function, args, kwargs)
+
+    wrapper.__wrapped_by_aot_tracer__ = function
+    return wrapper
+
+
+@contextlib.contextmanager
+def tracing_patches(tracer) -> Iterator[None]:
+    saved: list[tuple[dict, str, Any]] = []
+
+    def patch(namespace: dict, name: str, value: Any) -> None:
+        saved.append((namespace, name, namespace[name]))
+        namespace[name] = value
+
+    try:
+        for name in PROXY_AWARE_TORCH_FUNCTIONS:
+            patch(torch.__dict__, name, proxy_aware(torch.__dict__[name]))
+        masking_utils = sys.modules.get("transformers.masking_utils")
+        if masking_utils is not None:
+            originals = {
+                name: masking_utils.__dict__[name] for name in MASK_BUILDER_KINDS if name in masking_utils.__dict__
+            }
+            replacements = {name: traced_mask_builder(fn, MASK_BUILDER_KINDS[name]) for name, fn in originals.items()}
+            for module_name, module in list(sys.modules.items()):
+                if module is None or not module_name.startswith("transformers"):
+                    continue
+                namespace = module.__dict__
+                for name, original in originals.items():
+                    if namespace.get(name) is original:
+                        patch(namespace, name, replacements[name])
+        yield
+    finally:
+        for namespace, name, value in reversed(saved):
+            namespace[name] = value

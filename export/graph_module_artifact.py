@@ -1,0 +1,115 @@
+"""Save a GraphModule as a directory that loads with torch alone; load it back into aot.
+
+The directory holds three files, each written byte for byte the same by any
+two saves of the same graph:
+
+- ``module.py``: readable Python (torch and stdlib only) that rebuilds the module
+  tree, runs the graph's code and loads the weights (:mod:`aot.export.module_writer`);
+- ``weights.safetensors``: parameters, buffers and tensor constants, each stored once;
+- ``meta.json``: the graph node by node with its meta (scope, pass marks, shapes),
+  so :func:`load` restores the exact graph (:mod:`aot.export.graph_codec`).
+
+No file is pickled. Files are written under temporary names and renamed, so an
+error never leaves a half-written artifact behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+from pathlib import Path
+
+import safetensors.torch
+import torch
+import torch.fx
+
+from aot.errors import ExportError
+
+from .graph_codec import decode_graph, dumps, encode_graph
+from .node_meta import decode_meta
+from .module_writer import WEIGHTS_FILE, write_module_source
+
+logger = logging.getLogger(__name__)
+
+MODULE_FILE = "module.py"
+META_FILE = "meta.json"
+
+
+def save_graph_module(gm: torch.fx.GraphModule, directory: Path) -> list[Path]:
+    """Write module.py, weights.safetensors and meta.json into ``directory``; return their paths."""
+    directory = Path(directory)
+    source, tree = write_module_source(gm)
+    document = encode_graph(gm)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / MODULE_FILE, directory / WEIGHTS_FILE, directory / META_FILE]
+    staged = [path.with_name(f".{path.name}.partial") for path in paths]
+    try:
+        staged[0].write_text(source, encoding="utf-8", newline="\n")
+        safetensors.torch.save_file(_storable(tree.tensors), str(staged[1]), metadata={"format": "pt"})
+        staged[2].write_text(dumps(document), encoding="utf-8", newline="\n")
+        for temporary, final in zip(staged, paths):
+            os.chmod(temporary, 0o644)  # safetensors creates its file private; artifacts are for sharing
+            os.replace(temporary, final)
+    except OSError as error:
+        raise ExportError(f"cannot write the graph artifact in {directory}: {error}") from None
+    finally:
+        for temporary in staged:
+            temporary.unlink(missing_ok=True)
+    logger.info("saved graph module to %s (%d tensors)", directory, len(tree.tensors))
+    return paths
+
+
+def load_standalone(directory: Path) -> torch.nn.Module:
+    """Import ``module.py`` of a saved artifact (as a user would) and return its model."""
+    directory = Path(directory)
+    module_path = directory / MODULE_FILE
+    if not module_path.is_file():
+        raise ExportError(f"{module_path} does not exist")
+    name = "aot_saved_" + hashlib.sha256(str(module_path.resolve()).encode()).hexdigest()[:16]
+    spec = importlib.util.spec_from_file_location(name, module_path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        return module.load(str(directory))
+    except Exception as error:
+        raise ExportError(f"{module_path}: cannot load the saved model: {type(error).__name__}: {error}") from None
+
+
+def load(directory: Path) -> torch.fx.GraphModule:
+    """Rebuild the saved GraphModule: the module tree and weights from module.py, the graph and meta from meta.json."""
+    directory = Path(directory)
+    meta_path = directory / META_FILE
+    try:
+        document = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ExportError(f"{meta_path}: cannot read: {error}") from None
+    graph, attributes = decode_graph(document, str(meta_path))
+    root = load_standalone(directory)
+    gm = torch.fx.GraphModule(root, graph, class_name=document["class_name"])
+    for name, value in attributes.items():
+        setattr(gm, name, value)
+    gm.meta.update(decode_meta(document.get("graph_meta", {})))
+    training = {path for path, module in root.named_modules() if module.training}
+    gm.train(False)
+    for path in training:
+        gm.get_submodule(path).training = True
+    return gm
+
+
+def _storable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors that share no storage (safetensors refuses shared memory)."""
+    storable: dict[str, torch.Tensor] = {}
+    storages: set[tuple[int, int]] = set()
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        if tensor.numel():
+            key = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+            if key in storages or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+                tensor = tensor.clone()
+                key = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+            storages.add(key)
+        storable[name] = tensor
+    return storable

@@ -1,0 +1,195 @@
+"""Export a GraphModule to ONNX with the torch.onnx dynamo exporter, checked and reproducible.
+
+- Dynamic axes: the recipe's ``{input: {axis: dim_name}}`` is handed to the
+  exporter as strings, which it turns into ``Dim.DYNAMIC`` and then renames the
+  ONNX symbolic dimensions after (``batch``, ``sequence``). An axis the exporter
+  specialised to a number anyway is an error, not a silently static model.
+- Output names are :func:`aot.outputs.flatten_outputs` names of the graph's output.
+- Weights go to one external data file ``<name>.data`` beside the model when
+  the model would pass protobuf's 2 GiB limit.
+- ``onnx.checker.check_model(full_check=True)`` runs on the written file.
+- Reproducible: node stack traces (file paths, line numbers) are dropped; nothing
+  else the exporter writes varies between two exports of the same graph.
+- All or nothing: files are written in a temporary directory beside ``path``
+  and moved into place only once checked, so a rejection leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+import torch.fx
+
+from aot.errors import ExportError
+from aot.outputs import flatten_outputs
+
+logger = logging.getLogger(__name__)
+
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2  # bytes of weights; protobuf refuses files over 2 GiB
+_DROPPED_NODE_METADATA = ("pkg.torch.onnx.stack_trace",)
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def export_onnx(
+    gm: torch.fx.GraphModule,
+    path: Path,
+    example_inputs: dict[str, torch.Tensor],
+    dynamic_dims: dict[str, dict[int, str]] | None,
+    opset: int = 18,
+) -> list[Path]:
+    """Write ``path`` (and ``path.data`` for large models); return the written paths."""
+    path = Path(path)
+    inputs = _ordered_inputs(gm, example_inputs)
+    output_names = _output_names(gm, inputs)
+    dynamic_shapes = _dynamic_shapes(inputs, dynamic_dims) if dynamic_dims else None
+    program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset)
+    _check_dynamic_axes(program.model, dynamic_dims or {}, path)
+    _drop_unreproducible_metadata(program.model)
+    external = _weight_bytes(program.model) > EXTERNAL_DATA_THRESHOLD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        staged = staging / path.name
+        program.save(str(staged), external_data=external)
+        try:
+            onnx.checker.check_model(str(staged), full_check=True)
+        except Exception as error:
+            raise ExportError(f"{path.name}: onnx.checker rejects the exported model: {_first_line(error)}") from None
+        written = []
+        for produced in sorted(staging.iterdir()):
+            final = path.parent / produced.name
+            os.replace(produced, final)
+            written.append(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("exported %s (opset %d, external data: %s)", path, opset, external)
+    return [path] + [item for item in written if item != path]
+
+
+def _ordered_inputs(gm: torch.fx.GraphModule, example_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The example inputs in the order of the graph's signature, which torch.export requires of kwargs."""
+    names = _input_names(gm)
+    unknown = sorted(set(example_inputs) - set(names))
+    if unknown:
+        raise ExportError(f"example input(s) {', '.join(unknown)} are not inputs of the graph ({', '.join(names)})")
+    return {name: example_inputs[name] for name in names if name in example_inputs}
+
+
+def _input_names(gm: torch.fx.GraphModule) -> list[str]:
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is not None:
+        return list(info.orig_args)
+    return [node.target for node in gm.graph.find_nodes(op="placeholder")]
+
+
+def _output_names(gm: torch.fx.GraphModule, inputs: dict[str, torch.Tensor]) -> list[str]:
+    try:
+        with torch.no_grad():
+            return list(flatten_outputs(gm(**inputs)))
+    except Exception as error:
+        raise ExportError(f"the graph does not run on the example inputs: {type(error).__name__}: {_first_line(error)}")
+
+
+def _dynamic_shapes(inputs: dict[str, torch.Tensor], dynamic_dims: dict[str, dict[int, str]]) -> dict:
+    unknown = sorted(set(dynamic_dims) - set(inputs))
+    if unknown:
+        raise ExportError(f"dynamic dims name input(s) {', '.join(unknown)} that the graph does not take")
+    shapes = {}
+    for name, tensor in inputs.items():
+        axes = dynamic_dims.get(name)
+        for axis in axes or {}:
+            if not 0 <= axis < tensor.dim():
+                raise ExportError(f"dynamic dim '{axes[axis]}' names axis {axis} of input '{name}', which has {tensor.dim()}")
+        shapes[name] = {axis: dim_name for axis, dim_name in sorted(axes.items())} if axes else None
+    return shapes
+
+
+def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset):
+    captured = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(captured):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                gm,
+                (),
+                kwargs=inputs,
+                dynamic_shapes=dynamic_shapes,
+                output_names=output_names,
+                opset_version=opset,
+                dynamo=True,
+                external_data=True,
+                optimize=True,
+                verify=False,
+                report=False,
+                verbose=False,
+            )
+    except Exception as error:
+        raise ExportError(f"torch.onnx.export rejects the graph for {path.name}: {_exporter_reason(error)}") from None
+    if captured.getvalue():
+        logger.debug("torch.onnx.export said:\n%s", captured.getvalue())
+    return program
+
+
+def _exporter_reason(error: BaseException) -> str:
+    """The innermost cause names the op at fault; the exporter's own messages are long reports."""
+    chain = []
+    while error is not None and len(chain) < 20:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    innermost = chain[-1]
+    return f"{type(innermost).__name__}: {_first_line(innermost)}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = _ANSI_ESCAPE.sub("", str(error)).strip()
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+
+
+def _check_dynamic_axes(model, dynamic_dims: dict[str, dict[int, str]], path: Path) -> None:
+    graph_inputs = {value.name: value for value in model.graph.inputs}
+    for name, axes in dynamic_dims.items():
+        value = graph_inputs.get(name)
+        if value is None:
+            continue  # the exporter dropped an unused input
+        for axis, dim_name in axes.items():
+            dim = value.shape[axis]
+            if isinstance(dim, int) or getattr(dim, "value", None) != dim_name:
+                raise ExportError(
+                    f"{path.name}: axis {axis} of input '{name}' came out as {dim!r}, not the dynamic dim '{dim_name}'"
+                    " (an example size of 0 or 1 makes torch.export specialise it; use an example of size >= 2)"
+                )
+
+
+def _drop_unreproducible_metadata(model) -> None:
+    graphs = [model.graph] + [function for function in model.functions.values()]
+    for node in (node for graph in graphs for node in _all_nodes(graph)):
+        for key in _DROPPED_NODE_METADATA:
+            node.metadata_props.pop(key, None)
+
+
+def _all_nodes(graph):
+    for node in graph:
+        yield node
+        for attribute in node.attributes.values():
+            subgraphs = attribute.value if isinstance(attribute.value, (list, tuple)) else [attribute.value]
+            for subgraph in subgraphs:
+                if hasattr(subgraph, "inputs") and hasattr(subgraph, "__iter__") and hasattr(subgraph, "initializers"):
+                    yield from _all_nodes(subgraph)
+
+
+def _weight_bytes(model) -> int:
+    total = 0
+    for value in model.graph.initializers.values():
+        if value.const_value is not None:
+            total += value.const_value.nbytes
+    return total

@@ -1,0 +1,84 @@
+"""Torch-only stand-ins for the few third-party leaves that have one.
+
+A saved artifact may not import transformers, so a ``call_module`` target of a
+transformers class must be replaced by a ``torch.nn`` module computing the same
+function, with its weights rewritten to match:
+
+- ``Conv1D(nf, nx)`` computes ``x @ W + b`` with ``W`` of shape ``(nx, nf)``;
+  ``torch.nn.Linear(nx, nf)`` computes ``x @ W'.T + b``, so ``W' = W.T``.
+- ``GELUActivation`` is ``gelu(x)`` (the erf form, in C or in Python),
+  ``GELUTanh`` / ``NewGELUActivation`` the tanh form
+  ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``,
+  ``SiLUActivation`` is ``x sigmoid(x)``, ``LinearActivation`` the identity.
+
+A ``call_function`` of a ``ModelOutput`` class becomes ``dict``: both map the
+output names to tensors and :func:`aot.outputs.flatten_outputs` names them alike.
+
+Classes are matched by qualified name, so this module never imports transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class LeafReplacement:
+    """Source text that builds the stand-in, and its tensors by local name (already rewritten)."""
+
+    constructor: str
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _qualified_name(obj) -> str:
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+
+
+def _conv1d(module) -> LeafReplacement:
+    return LeafReplacement(
+        constructor=f"torch.nn.Linear(in_features={module.nx}, out_features={module.nf}, bias=True)",
+        tensors={"weight": module.weight.detach().t().contiguous(), "bias": module.bias.detach()},
+    )
+
+
+def _gelu(module) -> LeafReplacement:
+    return LeafReplacement("torch.nn.GELU()")
+
+
+def _gelu_tanh(module) -> LeafReplacement:
+    return LeafReplacement("torch.nn.GELU(approximate='tanh')")
+
+
+def _silu(module) -> LeafReplacement:
+    return LeafReplacement("torch.nn.SiLU()")
+
+
+def _identity(module) -> LeafReplacement:
+    return LeafReplacement("torch.nn.Identity()")
+
+
+_MODULE_REPLACEMENTS = {
+    "transformers.pytorch_utils.Conv1D": _conv1d,
+    "transformers.activations.GELUActivation": _gelu,
+    "transformers.activations.GELUTanh": _gelu_tanh,
+    "transformers.activations.NewGELUActivation": _gelu_tanh,
+    "transformers.activations.SiLUActivation": _silu,
+    "transformers.activations.LinearActivation": _identity,
+}
+
+_MODEL_OUTPUT = "transformers.utils.generic.ModelOutput"
+
+
+def leaf_replacement(module: torch.nn.Module) -> LeafReplacement | None:
+    """The torch-only stand-in for a third-party leaf module, or ``None`` when it has none."""
+    build = _MODULE_REPLACEMENTS.get(_qualified_name(type(module)))
+    return build(module) if build else None
+
+
+def function_replacement(target) -> str | None:
+    """Source text of a torch-only stand-in for a third-party ``call_function`` target, or ``None``."""
+    if isinstance(target, type) and any(_qualified_name(base) == _MODEL_OUTPUT for base in target.__mro__):
+        return "dict"
+    return None

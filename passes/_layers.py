@@ -1,0 +1,63 @@
+"""Giving a conv or linear layer new parameters without touching the caller's copy.
+
+``fx`` frontend: the layer module is replaced by a shallow copy holding the new
+parameters, at the same target when no other node uses that module and under a
+fresh name otherwise (so a module called elsewhere keeps computing what it did).
+``export`` frontend: the new tensors are registered next to the old ones and
+read through new ``get_attr`` nodes; old ones nothing reads any more are removed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.fx import GraphModule, Node
+
+from ._modules import delete_if_unreferenced, fresh_target, set_submodule, set_tensor, shallow_copy, split_target
+from ._nodes import infer_val
+
+
+def layer_used_elsewhere(graph_module: GraphModule, node: Node) -> bool:
+    target = str(node.target)
+    for other in graph_module.graph.nodes:
+        if other is node or other.op not in ("call_module", "get_attr"):
+            continue
+        if other.target == target or str(other.target).startswith(target + "."):
+            return True
+    return False
+
+
+def set_layer_parameters(graph_module: GraphModule, node: Node, weight: torch.Tensor, bias: torch.Tensor, suffix: str) -> None:
+    """Makes layer ``node`` (an nn.Conv2d/nn.Linear call or an aten conv/linear) use ``weight`` and ``bias``."""
+    if node.op == "call_module":
+        target = str(node.target)
+        module = graph_module.get_submodule(target)
+        layer = shallow_copy(module)
+        requires_grad = module.weight.requires_grad
+        layer.weight = nn.Parameter(weight, requires_grad=requires_grad)
+        layer.bias = nn.Parameter(bias, requires_grad=requires_grad)
+        if layer_used_elsewhere(graph_module, node):
+            parent, name = split_target(target)
+            target = fresh_target(graph_module, parent, f"{name}_{suffix}")
+        set_submodule(graph_module, target, layer)
+        node.target = target
+        return
+    args = list(node.args)
+    if len(args) < 3:
+        args += [None] * (3 - len(args))
+    for index, tensor in ((1, weight), (2, bias)):
+        old = args[index]
+        if isinstance(old, Node):
+            parent, name = split_target(str(old.target))
+        else:  # a conv without bias: put the new bias beside the weight
+            parent, name = split_target(str(args[1].target))[0], "bias"
+        target = fresh_target(graph_module, parent, f"{name}_{suffix}")
+        set_tensor(graph_module, target, tensor, parameter=True)
+        with graph_module.graph.inserting_before(node):
+            attr_node = graph_module.graph.get_attr(target)
+        infer_val(graph_module, attr_node)
+        args[index] = attr_node
+        node.args = tuple(args)
+        if isinstance(old, Node) and not old.users:
+            graph_module.graph.erase_node(old)
+            delete_if_unreferenced(graph_module, str(old.target))

@@ -1,0 +1,232 @@
+"""The transformation API: ``Transformation``, ``ReversibleTransformation`` and ``PassResult``.
+
+Same names and semantics as ``optimum.fx.optimization``: a transformation is a
+callable taking a ``torch.fx.GraphModule`` and returning the transformed one,
+``__call__(graph_module, lint_and_recompile=True)``, with ``transform`` doing the
+work. On top of that:
+
+- ``apply`` returns a :class:`PassResult` that says truthfully what happened:
+  ``modified`` is computed by comparing the graph and the identity of its
+  tensors before and after, never assumed; ``matched``/``changed`` are the
+  pass's own counts; ``notes`` give the reason for each miss.
+- Marks live in ``node.meta`` as JSON values, never as node attributes, so a
+  GraphModule saved and reloaded with its ``node.meta`` can still be reversed:
+  ``node.meta["aot_transforms"]`` lists the names of the passes that transformed
+  the node and ``node.meta["aot_reverse"][name]`` holds what ``reverse`` needs.
+- Options are a pydantic model (``Options``) declared per pass; unknown keys are
+  rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+from torch.fx import GraphModule, Node
+
+from aot.errors import AotError, PassError
+
+logger = logging.getLogger(__name__)
+
+TRANSFORMS_KEY = "aot_transforms"
+REVERSE_KEY = "aot_reverse"
+
+
+@dataclass
+class PassResult:
+    """What one application of a pass did.
+
+    ``modified`` is False when the graph, its modules and tensors are exactly as
+    they were; ``matched`` counts the candidate sites the pass looked at,
+    ``changed`` those it rewrote, and ``notes`` say why each other site was left
+    alone (like onnxscript's ``MatchResult.fail`` reasons).
+    """
+
+    graph_module: GraphModule
+    modified: bool
+    matched: int = 0
+    changed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Report:
+    matched: int = 0
+    changed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _snake_case(name: str) -> str:
+    name = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name)
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return name.lower()
+
+
+def graph_fingerprint(graph_module: GraphModule) -> tuple:
+    """A value that changes whenever the graph or the tensors it runs on change.
+
+    Tensors are compared by identity: passes never edit a tensor in place (it may
+    be shared with the caller's model), they register a new one.
+    """
+    nodes = tuple((n.name, n.op, str(n.target), repr(n.args), repr(n.kwargs)) for n in graph_module.graph.nodes)
+    modules = tuple((name, id(module)) for name, module in graph_module.named_modules(remove_duplicate=False))
+    tensors = tuple(
+        (name, id(tensor))
+        for name, tensor in list(graph_module.named_parameters(remove_duplicate=False))
+        + list(graph_module.named_buffers(remove_duplicate=False))
+    )
+    return nodes, modules, tensors
+
+
+class Transformation(ABC):
+    """A torch.fx graph transformation.
+
+    Subclasses implement :meth:`transform` and are used as callables. Set
+    ``preserves_computation = True`` when the transformed graph computes the same
+    outputs as the original one (up to floating-point rounding).
+    """
+
+    preserves_computation: ClassVar[bool] = False
+    #: Registered name; ``register_pass`` sets it, otherwise it is the class name in snake_case.
+    name: ClassVar[str] = ""
+    #: Graph flavours the pass understands; ``register_pass`` sets it.
+    frontends: ClassVar[frozenset[str]] = frozenset({"fx", "export"})
+
+    class Options(BaseModel):
+        """No options."""
+
+        model_config = ConfigDict(extra="forbid")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = _snake_case(cls.__name__)
+
+    def __init__(self, **options: Any) -> None:
+        self.options = type(self).Options.model_validate(options)
+        self._report: _Report | None = None
+
+    # -- the reference API -------------------------------------------------------------
+
+    @abstractmethod
+    def transform(self, graph_module: GraphModule) -> GraphModule:
+        """Transforms ``graph_module`` (in place where possible) and returns it."""
+
+    def __call__(self, graph_module: GraphModule, lint_and_recompile: bool = True) -> GraphModule:
+        return self.apply(graph_module, lint_and_recompile=lint_and_recompile).graph_module
+
+    def mark_as_transformed(self, node: Node) -> None:
+        """Marks ``node`` as transformed by this transformation (in ``node.meta``)."""
+        marks = node.meta.setdefault(TRANSFORMS_KEY, [])
+        if self.name not in marks:
+            marks.append(self.name)
+
+    def transformed(self, node: Node) -> bool:
+        """Whether ``node`` was transformed by this transformation."""
+        return self.name in node.meta.get(TRANSFORMS_KEY, ())
+
+    def get_transformed_nodes(self, graph_module: GraphModule) -> list[Node]:
+        """The nodes of ``graph_module`` this transformation has transformed."""
+        return [node for node in graph_module.graph.nodes if self.transformed(node)]
+
+    # -- results -----------------------------------------------------------------------
+
+    def apply(self, graph_module: GraphModule, lint_and_recompile: bool = True) -> PassResult:
+        """Runs :meth:`transform` and reports what it did."""
+        return self._run(self.transform, graph_module, lint_and_recompile)
+
+    @property
+    def report(self) -> _Report:
+        """Counters of the running application; a throwaway one when ``transform`` is called directly."""
+        if getattr(self, "_report", None) is None:
+            self._report = _Report()
+        return self._report
+
+    def note(self, message: str) -> None:
+        """Records why a candidate site was left alone."""
+        self.report.notes.append(message)
+        logger.debug("%s: %s", self.name, message)
+
+    def _run(self, step: Callable[[GraphModule], GraphModule], graph_module: GraphModule, lint_and_recompile: bool) -> PassResult:
+        before = graph_fingerprint(graph_module)
+        self._report = _Report()
+        try:
+            result = step(graph_module)
+        except AotError:
+            raise
+        except Exception as error:
+            raise PassError(f"pass '{self.name}' failed: {type(error).__name__}: {error}") from error
+        finally:
+            report, self._report = self._report, None
+        if not isinstance(result, GraphModule):
+            raise PassError(f"pass '{self.name}' returned {type(result).__name__}, not a GraphModule")
+        if lint_and_recompile:
+            lint_and_recompile_graph(result, self.name)
+        modified = result is not graph_module or graph_fingerprint(result) != before
+        return PassResult(result, modified, report.matched, report.changed, list(report.notes))
+
+    # -- reverse bookkeeping ----------------------------------------------------------
+
+    def save_reverse_info(self, node: Node, info: dict[str, Any]) -> None:
+        """Stores what ``reverse`` needs on ``node``; it must survive a JSON round trip."""
+        try:
+            json.dumps(info)
+        except TypeError as error:
+            raise PassError(f"pass '{self.name}' tried to store non-JSON reverse data on node '{node.name}': {error}") from error
+        node.meta.setdefault(REVERSE_KEY, {})[self.name] = info
+
+    def reverse_info(self, node: Node) -> dict[str, Any]:
+        info = node.meta.get(REVERSE_KEY, {}).get(self.name)
+        if info is None:
+            raise PassError(f"node '{node.name}' is marked as transformed by '{self.name}' but holds no reverse data")
+        return info
+
+    def __repr__(self) -> str:
+        options = self.options.model_dump() if hasattr(self, "options") else {}
+        args = ", ".join(f"{key}={value!r}" for key, value in options.items())
+        return f"{type(self).__name__}({args})"
+
+
+class ReversibleTransformation(Transformation):
+    """A torch.fx graph transformation that can be undone.
+
+    Subclasses implement :meth:`transform` and :meth:`reverse`.
+    """
+
+    @abstractmethod
+    def reverse(self, graph_module: GraphModule) -> GraphModule:
+        """Undoes :meth:`transform` on the nodes it marked, and returns the module."""
+
+    def __call__(self, graph_module: GraphModule, lint_and_recompile: bool = True, reverse: bool = False) -> GraphModule:
+        return self.apply(graph_module, lint_and_recompile=lint_and_recompile, reverse=reverse).graph_module
+
+    def apply(self, graph_module: GraphModule, lint_and_recompile: bool = True, reverse: bool = False) -> PassResult:
+        return self._run(self.reverse if reverse else self.transform, graph_module, lint_and_recompile)
+
+    def mark_as_restored(self, node: Node) -> None:
+        """Marks ``node`` as restored to its original state: drops this pass's mark and reverse data."""
+        marks = node.meta.get(TRANSFORMS_KEY, [])
+        if self.name not in marks:
+            raise ValueError(f"node '{node.name}' was not transformed by '{self.name}'")
+        marks.remove(self.name)
+        if not marks:
+            del node.meta[TRANSFORMS_KEY]
+        reverse = node.meta.get(REVERSE_KEY, {})
+        reverse.pop(self.name, None)
+        if REVERSE_KEY in node.meta and not reverse:
+            del node.meta[REVERSE_KEY]
+
+
+def lint_and_recompile_graph(graph_module: GraphModule, culprit: str) -> None:
+    """Lints and recompiles, naming the pass that left the graph broken."""
+    try:
+        graph_module.graph.lint()
+    except Exception as error:
+        raise PassError(f"the graph is invalid after pass '{culprit}': {error}") from error
+    graph_module.recompile()

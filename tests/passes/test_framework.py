@@ -1,0 +1,163 @@
+"""The transformation API: the reference semantics, truthful results, marks in node.meta, errors."""
+
+from __future__ import annotations
+
+import json
+import operator
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from aot.errors import PassError
+from aot.passes import ChangeTrueDivToMulByInverse, MergeLinears, PassResult, ReversibleTransformation, Transformation
+from aot.passes.base import REVERSE_KEY, TRANSFORMS_KEY
+from tests.passes.helpers import assert_matches_eager, fx_graph, randn_sets
+
+
+class ChangeMulToAdd(Transformation):
+    """The reference documentation's example: no counting, so ``modified`` must be found out."""
+
+    def transform(self, graph_module):
+        for node in graph_module.graph.nodes:
+            if node.op == "call_function" and node.target == operator.mul:
+                node.target = operator.add
+        return graph_module
+
+
+class MulToMulTimesTwo(ReversibleTransformation):
+    def transform(self, graph_module):
+        for node in graph_module.graph.nodes:
+            if node.op == "call_function" and node.target == operator.mul and not self.transformed(node):
+                x, y = node.args
+                node.args = (x, y * 2)
+                self.mark_as_transformed(node)
+        return graph_module
+
+    def reverse(self, graph_module):
+        for node in self.get_transformed_nodes(graph_module):
+            x, y = node.args
+            node.args = (x, y / 2)
+            self.mark_as_restored(node)
+        return graph_module
+
+
+class Scale(nn.Module):
+    def forward(self, x):
+        return x * 3.0
+
+
+class Projections(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(4, 2), nn.Linear(4, 3, bias=False)
+
+    def forward(self, x):
+        return self.q(x).sum(-1) + self.k(x).sum(-1)
+
+
+def test_reference_example_is_callable_and_reports_modification_truthfully():
+    graph_module = fx_graph(Scale(), torch.randn(2))
+    assert ChangeMulToAdd.name == "change_mul_to_add"
+
+    result = ChangeMulToAdd().apply(graph_module)
+
+    assert isinstance(result, PassResult) and result.modified
+    assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 4.0))
+    again = ChangeMulToAdd().apply(graph_module)
+    assert not again.modified, "nothing left to change, and the result says so"
+    assert ChangeMulToAdd()(graph_module) is graph_module
+
+
+def test_reversible_call_and_marks_are_json_in_node_meta():
+    graph_module = fx_graph(Scale(), torch.randn(2))
+    transformation = MulToMulTimesTwo()
+
+    transformation(graph_module)
+
+    [node] = transformation.get_transformed_nodes(graph_module)
+    assert node.meta[TRANSFORMS_KEY] == ["mul_to_mul_times_two"]
+    assert not hasattr(node, "transformations") and not hasattr(node, "was_transformed")
+    json.dumps({k: v for k, v in node.meta.items() if k.startswith("aot_")})
+    assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 6.0))
+    transformation(graph_module, reverse=True)
+    assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 3.0))
+    assert TRANSFORMS_KEY not in node.meta
+    with pytest.raises(ValueError, match="was not transformed"):
+        transformation.mark_as_restored(node)
+
+
+def test_marks_survive_save_and_reload_so_reverse_still_works():
+    """Optimum kept marks as node attributes: lost on save/load, after which reverse silently did nothing."""
+    torch.manual_seed(0)
+    model = Projections().eval()
+    graph_module = fx_graph(model, torch.randn(2, 4))
+    MergeLinears()(graph_module)
+    ChangeTrueDivToMulByInverse()(graph_module)
+    saved_meta = json.dumps(
+        [{k: v for k, v in node.meta.items() if k in (TRANSFORMS_KEY, REVERSE_KEY)} for node in graph_module.graph.nodes]
+    )
+
+    # GraphModule pickling keeps code and weights but re-traces the graph: node.meta is lost, names may change.
+    reloaded = pickle.loads(pickle.dumps(graph_module))
+    assert not any(TRANSFORMS_KEY in node.meta for node in reloaded.graph.nodes)
+    assert [n.op for n in reloaded.graph.nodes] == [n.op for n in graph_module.graph.nodes]
+    for node, meta in zip(reloaded.graph.nodes, json.loads(saved_meta)):
+        node.meta.update(meta)
+
+    result = MergeLinears().apply(reloaded, reverse=True)
+
+    assert result.modified
+    assert isinstance(reloaded.get_submodule("q"), nn.Linear) and reloaded.k.bias is None
+    assert not any("merged" in name for name, _ in reloaded.named_modules())
+    assert_matches_eager(model, reloaded, randn_sets((2, 4), (3, 4), (5, 1, 4)))
+
+
+def test_a_failing_transform_raises_pass_error_naming_the_pass():
+    class Broken(Transformation):
+        def transform(self, graph_module):
+            raise RuntimeError("boom")
+
+    with pytest.raises(PassError, match="pass 'broken' failed: RuntimeError: boom"):
+        Broken()(fx_graph(Scale(), torch.randn(2)))
+
+
+def test_a_pass_leaving_an_invalid_graph_is_named():
+    class Dangling(Transformation):
+        def transform(self, graph_module):
+            for node in graph_module.graph.nodes:
+                if node.op == "call_function":
+                    node.args = (torch.fx.Node(graph_module.graph, "ghost", "placeholder", "ghost", (), {}), 1.0)
+            return graph_module
+
+    with pytest.raises(PassError, match="invalid after pass 'dangling'"):
+        Dangling()(fx_graph(Scale(), torch.randn(2)))
+
+
+def test_returning_something_else_than_a_graph_module_is_an_error():
+    class ReturnsNone(Transformation):
+        def transform(self, graph_module):
+            return None
+
+    with pytest.raises(PassError, match="returned NoneType"):
+        ReturnsNone()(fx_graph(Scale(), torch.randn(2)))
+
+
+def test_lint_and_recompile_false_defers_recompilation():
+    graph_module = fx_graph(Scale(), torch.randn(2))
+    code = graph_module.code
+
+    ChangeMulToAdd()(graph_module, lint_and_recompile=False)
+
+    assert graph_module.code == code
+    graph_module.recompile()
+    assert "x + 3.0" in graph_module.code
+
+
+def test_unknown_option_is_rejected():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="extra"):
+        MergeLinears(min_group=3)
+    assert repr(MergeLinears(min_group_size=3)) == "MergeLinears(min_group_size=3, across_scopes=False)"

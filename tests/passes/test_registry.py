@@ -1,0 +1,108 @@
+"""The registry: names, typed options with descriptions, frontends, documentation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+import aot.passes
+from aot.passes import Transformation, register_pass, registry
+
+BUILT_IN = {
+    "merge_linears": "MergeLinears",
+    "fuse_bias_in_linear": "FuseBiasInLinear",
+    "change_true_div_to_mul_by_inverse": "ChangeTrueDivToMulByInverse",
+    "fuse_batch_norm_2d_in_conv_2d": "FuseBatchNorm2dInConv2d",
+    "fuse_batch_norm_1d_in_linear": "FuseBatchNorm1dInLinear",
+    "deep_copy": "DeepCopy",
+    "lint_and_recompile": "LintAndRecompile",
+    "remove_dropout": "RemoveDropout",
+    "remove_identity": "RemoveIdentity",
+    "remove_redundant_casts": "RemoveRedundantCasts",
+    "remove_redundant_reshapes": "RemoveRedundantReshapes",
+    "dead_code_elimination": "DeadCodeElimination",
+}
+REVERSIBLE = {"merge_linears", "fuse_bias_in_linear", "change_true_div_to_mul_by_inverse", "deep_copy", "lint_and_recompile"}
+
+
+def test_importing_aot_passes_registers_the_built_in_passes():
+    code = "import aot.passes; from aot.passes import registry; print(sorted(p.name for p in registry.all_passes()))"
+    listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for name in BUILT_IN:
+        assert repr(name) in listed
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_IN))
+def test_built_in_pass_is_documented_typed_and_exported(name):
+    info = registry.get(name)
+
+    assert info.cls is getattr(aot.passes, BUILT_IN[name])
+    assert info.cls.name == name
+    assert info.reversible == (name in REVERSIBLE)
+    assert info.frontends == {"fx", "export"}
+    assert info.summary and info.summary == info.doc.splitlines()[0]
+    assert info.options.model_config["extra"] == "forbid"
+    assert all(field.description for field in info.options.model_fields.values())
+    assert isinstance(info.create({}), info.cls)
+
+
+@pytest.mark.parametrize("name", sorted(set(BUILT_IN) - {"deep_copy", "lint_and_recompile"}))
+def test_rewriting_pass_docs_show_the_graph_before_and_after_and_the_math(name):
+    doc = registry.get(name).doc
+    assert "Matches" in doc and "Rewrites to" in doc, doc
+    if name != "dead_code_elimination":
+        assert "Math" in doc
+
+
+def test_options_are_validated_with_readable_errors():
+    info = registry.get("merge_linears")
+    assert info.create({"min_group_size": 3}).options.min_group_size == 3
+    with pytest.raises(ValidationError, match="min_group_siz\\b|Extra inputs are not permitted"):
+        info.create({"min_group_siz": 3})
+    with pytest.raises(ValidationError, match="greater than or equal to 2"):
+        info.create({"min_group_size": 1})
+    with pytest.raises(ValidationError, match="valid boolean"):
+        registry.get("change_true_div_to_mul_by_inverse").create({"exact_only": "maybe"})
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(KeyError, match="unknown pass 'merge_linear'; known passes: .*merge_linears"):
+        registry.get("merge_linear")
+
+
+def test_duplicate_name_is_an_error():
+    with pytest.raises(ValueError, match="'merge_linears' is already registered by MergeLinears"):
+
+        @register_pass("merge_linears")
+        class Again(Transformation):
+            def transform(self, graph_module):
+                return graph_module
+
+
+def test_options_must_be_strict_documented_and_defaulted():
+    class Loose(BaseModel):
+        size: int = Field(default=1, description="a size")
+
+    class Undocumented(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        size: int = 1
+
+    for options, message in ((Loose, "extra='forbid'"), (Undocumented, "description")):
+        with pytest.raises(TypeError, match=message):
+
+            @register_pass(f"bad_{options.__name__.lower()}")
+            class Bad(Transformation):
+                Options = options
+
+                def transform(self, graph_module):
+                    return graph_module
+
+    assert "bad_loose" not in {p.name for p in registry.all_passes()}
+
+
+def test_frontends_are_checked():
+    with pytest.raises(ValueError, match="frontends"):
+        register_pass("onnx_only", frontends=("onnx",))
