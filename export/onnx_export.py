@@ -53,6 +53,12 @@ def export_onnx(
     output_names = _output_names(gm, inputs)
     dynamic_shapes = _dynamic_shapes(inputs, dynamic_dims) if dynamic_dims else None
     program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset)
+    produced_opset = program.model.opset_imports.get("", None)
+    if produced_opset != opset:
+        raise ExportError(
+            f"{path.name}: opset {opset} was asked for but the exporter produced opset {produced_opset}"
+            " (its version converter could not convert this graph)"
+        )
     _check_dynamic_axes(program.model, dynamic_dims or {}, path)
     _drop_unreproducible_metadata(program.model)
     external = _weight_bytes(program.model) > EXTERNAL_DATA_THRESHOLD

@@ -63,7 +63,7 @@ def infer_val(graph_module: GraphModule, node: Node) -> None:
     try:
         with fake_mode:
             if node.op == "get_attr":
-                node.meta["val"] = fake_mode.from_tensor(get_attribute(graph_module, str(node.target)))
+                node.meta["val"] = fake_mode.from_tensor(get_attribute(graph_module, str(node.target)), static_shapes=True)
                 return
             args = map_arg(node.args, lambda arg: arg.meta["val"])
             kwargs = map_arg(node.kwargs, lambda arg: arg.meta["val"])
@@ -73,7 +73,7 @@ def infer_val(graph_module: GraphModule, node: Node) -> None:
                 node.meta["val"] = getattr(args[0], node.target)(*args[1:], **kwargs)
             elif node.op == "call_module":
                 module = graph_module.get_submodule(str(node.target))
-                state = {key: fake_mode.from_tensor(value) for key, value in module.state_dict(keep_vars=True).items()}
+                state = {key: fake_mode.from_tensor(value, static_shapes=True) for key, value in module.state_dict(keep_vars=True).items()}
                 node.meta["val"] = torch.func.functional_call(module, state, tuple(args), dict(kwargs))
     except Exception as error:  # metadata is best effort; the graph itself is unaffected
         logger.debug("could not infer meta['val'] of node %s: %s", node.name, error)

@@ -107,10 +107,17 @@ def test_rejected_graph_raises_one_line_and_leaves_nothing(tmp_path):
 def test_opset_is_configurable(tmp_path):
     gm = torch.fx.symbolic_trace(models.convnet())
     path = tmp_path / "model.onnx"
-    export_onnx(gm, path, models.convnet_inputs(2, 8), None, opset=17)
+    export_onnx(gm, path, models.convnet_inputs(2, 8), None, opset=20)
     proto = onnx.load(path)
-    assert {o.domain: o.version for o in proto.opset_import}[""] == 17
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 20
     assert all(isinstance(d, int) for value in proto.graph.input for d in _dims(value)), "no dynamic dims asked"
+
+
+def test_opset_the_converter_cannot_reach_is_an_error(tmp_path):
+    gm = torch.fx.symbolic_trace(models.convnet())
+    with pytest.raises(ExportError, match="opset 17 was asked for but the exporter produced opset 18"):
+        export_onnx(gm, tmp_path / "model.onnx", models.convnet_inputs(2, 8), None, opset=17)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_large_weights_go_to_external_data(tmp_path, monkeypatch):
@@ -120,7 +127,10 @@ def test_large_weights_go_to_external_data(tmp_path, monkeypatch):
     path = tmp_path / "model.onnx"
     written = export_onnx(gm, path, models.convnet_inputs(2, 8), CONVNET_DIMS)
     assert written == [path, tmp_path / "model.onnx.data"]
-    assert path.stat().st_size < written[1].stat().st_size
+    proto = onnx.load(path, load_external_data=False)
+    conv_weight = next(t for t in proto.graph.initializer if t.name == "conv.weight")
+    assert conv_weight.data_location == onnx.TensorProto.EXTERNAL  # tiny tensors may stay inline
+    onnx.checker.check_model(str(path), full_check=True)
     case = models.convnet_inputs(3, 6)
     with torch.no_grad():
         want = flatten_outputs(model(**case))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from aot.passes import RemoveIdentity
-from tests.passes.helpers import FRONTENDS, assert_matches_eager, call_targets, graph, randn_sets
+from tests.passes.helpers import assert_matches_eager, call_targets, graph, randn_sets
 
 SHAPES = [(2, 3), (4, 3), (5, 3)]
 
