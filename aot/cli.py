@@ -73,9 +73,11 @@ def build(context: click.Context, recipe: str, output: str | None, as_json: bool
     else:
         worst = max((c.to_json()["max_abs"] for c in report.validation), default=0.0)
         shapes = len({c.shape for c in report.validation})
+        changed = sum(1 for p in report.passes if p.modified)
         click.echo(
             f"built {report.name} -> {report.output} in {report.stages.get('total', 0):.1f}s "
-            f"({len(report.passes)} passes, validated {len(report.validation)} runs at {shapes} shapes, max abs error {worst:.2g})"
+            f"({_plural(len(report.passes), 'pass')} run, {changed} changed the graph; "
+            f"validated {_plural(len(report.validation), 'run')} at {_plural(shapes, 'shape')}, max abs error {worst:.2g})"
         )
 
 
@@ -204,6 +206,10 @@ def exit_codes() -> None:
     """List the exit codes aot uses."""
     for code, meaning in sorted(EXIT_CODES.items()):
         click.echo(f"{code:>4}  {meaning}")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "es" if noun.endswith("s") else "s")
 
 
 def _type_name(annotation: Any) -> str:

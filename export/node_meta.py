@@ -13,7 +13,8 @@ plus the scope (``nn_module_stack``). Encoded forms:
 
 Dropped: the fake value (``val``; its shape and dtype are written beside the meta
 as ``value``) and entries that differ between two identical builds or carry
-objects (stack traces, ``from_node`` with graph ids, autograd ``seq_nr``...).
+objects (stack traces, ``from_node`` with graph ids, autograd ``seq_nr``...),
+at any depth wall-clock fields such as ``duration_s`` (the tracer's report has one).
 An entry that cannot be encoded is dropped too, with a debug log.
 """
 
@@ -47,6 +48,9 @@ NOISE_KEYS = frozenset(
     }
 )
 
+# Wall-clock measurements differ between two identical builds; they belong in the manifest's timing fields.
+TIMING_KEYS = frozenset({"duration_s", "seconds", "elapsed_s", "time_s", "timings_s"})
+
 _MARKERS = ("__tuple__", "__dict__", "__dtype__", "__float__", "__namedtuple__")
 
 
@@ -57,7 +61,7 @@ class Unencodable(Exception):
 def encode_meta(meta: Mapping[str, Any], node_name: str) -> dict[str, Any]:
     encoded = {}
     for key in sorted(meta):
-        if key in NOISE_KEYS:
+        if key in NOISE_KEYS or key in TIMING_KEYS:
             continue
         try:
             encoded[key] = encode_value(meta[key])
@@ -87,7 +91,7 @@ def encode_value(value: Any) -> Any:
     if isinstance(value, list):
         return [encode_value(item) for item in value]
     if isinstance(value, Mapping):
-        keys = list(value)
+        keys = [key for key in value if key not in TIMING_KEYS]
         if all(type(key) is str and key not in _MARKERS for key in keys):
             return {key: encode_value(value[key]) for key in keys}
         return {"__dict__": [[encode_value(key), encode_value(value[key])] for key in keys]}

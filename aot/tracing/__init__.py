@@ -9,16 +9,11 @@ Both return a GraphModule callable as ``gm(**inputs)`` with
 ``aot.errors.TraceError``.
 """
 
+from .export_trace import export_trace
 from .model_state import disable_hooked_forward
 from .scope import Scope, ScopeContextManager
 from .symbolic_trace import symbolic_trace
 from .tracer import HFTracer
-
-
-def export_trace(*args, **kwargs):
-    from .export_trace import export_trace as _export_trace
-
-    return _export_trace(*args, **kwargs)
 
 
 __all__ = ["HFTracer", "Scope", "ScopeContextManager", "disable_hooked_forward", "export_trace", "symbolic_trace"]

@@ -47,6 +47,7 @@ from .fake_proxy import FakeProxy
 from .leaf_policy import LeafPolicy
 from .scope import Scope, ScopeContextManager, qualified_type_name
 from .source_location import SourceLocation, user_location
+from .torch_functions import LEAF_FUNCTIONS
 
 UNKNOWN = object()  # fake value of a node whose inputs had no example values
 
@@ -89,7 +90,8 @@ class HFTracer(torch.fx.Tracer):
         autowrap_functions: Iterable[Callable] = (),
         use_default_leaves: bool = True,
     ):
-        super().__init__(autowrap_modules=(math,), autowrap_functions=tuple(autowrap_functions))
+        # The leaf functions are autowrapped too, so that fx can re-trace a saved GraphModule's code.
+        super().__init__(autowrap_modules=(math,), autowrap_functions=tuple(autowrap_functions) + LEAF_FUNCTIONS)
         self.leaf_policy = LeafPolicy(leaf_modules, use_defaults=use_default_leaves)
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.current_scope = Scope("", "")
@@ -124,20 +126,27 @@ class HFTracer(torch.fx.Tracer):
         if output_adapter is not None:
             self._output_adapter = output_adapter
         self.leaf_policy.check_paths(model)
-        self.current_scope = Scope("", qualified_type_name(model))
-        self._tensor_names = {}
-        for name, tensor in model.named_buffers():
-            self._tensor_names.setdefault(id(tensor), name)
-        for name, tensor in model.named_parameters():
-            self._tensor_names.setdefault(id(tensor), name)
-        self._module_paths = {id(module): name for name, module in model.named_modules()}
-        from .trace_patches import tracing_patches
-
-        with tracing_patches(self):
-            graph = self.trace(model, concrete_args if self._input_names is None else None)
+        graph = self.trace(model, concrete_args if self._input_names is None else None)
         for node in graph.nodes:
             self.fake_value(node)
         return graph
+
+    def trace(self, root, concrete_args=None) -> torch.fx.Graph:
+        """``torch.fx.Tracer.trace`` with this tracer's patches; also used by fx to re-trace saved GraphModules."""
+        from .trace_patches import tracing_patches
+
+        module = root if isinstance(root, torch.nn.Module) else None
+        self.current_scope = Scope("", qualified_type_name(module) if module is not None else "")
+        self._tensor_names = {}
+        self._module_paths = {}
+        if module is not None:
+            for name, tensor in module.named_buffers():
+                self._tensor_names.setdefault(id(tensor), name)
+            for name, tensor in module.named_parameters():
+                self._tensor_names.setdefault(id(tensor), name)
+            self._module_paths = {id(sub): name for name, sub in module.named_modules()}
+        with tracing_patches(self):
+            return super().trace(root, concrete_args)
 
     # ------------------------------------------------------------ root inputs
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):

@@ -9,7 +9,7 @@ import torch
 import torch.fx
 
 from aot.errors import ExportError
-from aot.export import export_onnx, onnx_export, run_onnx
+from aot.export import export_onnx, onnx_export, optimize_onnx, run_onnx
 from aot.outputs import flatten_outputs
 
 from . import models
@@ -62,6 +62,21 @@ def test_onnx_matches_eager_with_named_dynamic_axes(tmp_path, key):
         expected_names = list(flatten_outputs(model(**inputs[0])))
     assert [value.name for value in proto.graph.output] == expected_names
 
+    _assert_matches_eager(model, path, inputs, key)
+    if key == "bert_export":  # the recipe's `optimize: transformer` stage, on the same file
+        optimize_onnx(path, "transformer", None)
+        assert _op_types(path)["SkipLayerNormalization"] > 0
+        _assert_matches_eager(model, path, inputs, f"{key} optimised")
+
+
+def _op_types(path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in onnx.load(path).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def _assert_matches_eager(model, path, inputs, label) -> None:
     assert len({tuple(t.shape) for case in inputs for t in case.values()}) >= 3
     for case in inputs:
         with torch.no_grad():
@@ -69,7 +84,7 @@ def test_onnx_matches_eager_with_named_dynamic_axes(tmp_path, key):
         got = run_onnx(path, case)
         assert list(got) == list(want)
         for name in want:
-            np.testing.assert_allclose(got[name], want[name].numpy(), atol=1e-4, rtol=1e-4, err_msg=f"{key} {name}")
+            np.testing.assert_allclose(got[name], want[name].numpy(), atol=1e-4, rtol=1e-4, err_msg=f"{label} {name}")
 
 
 @torch.library.custom_op("aot_onnx_test::mystery", mutates_args=())

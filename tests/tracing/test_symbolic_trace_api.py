@@ -218,3 +218,15 @@ def test_disable_hooked_forward_restores_hooks_even_on_error():
     expected = (torch.relu(model.linear._old_forward(torch.ones(3, 4))) * model.scale).flatten(1)
     with disable_hooked_forward(gm):  # the GraphModule's copy of the module keeps its hook
         torch.testing.assert_close(gm(x=torch.ones(3, 4)), expected)
+
+
+def test_graph_module_survives_deepcopy_and_save_load(bert, bert_gm, tmp_path):
+    import copy
+
+    model, _, make_inputs = bert
+    copied = copy.deepcopy(bert_gm)
+    torch.save(bert_gm, tmp_path / "gm.pt")
+    loaded = torch.load(tmp_path / "gm.pt", weights_only=False)  # fx re-traces the code with HFTracer
+    assert copied.meta["trace_report"] == bert_gm.meta["trace_report"]
+    assert_matches_eager(model, copied, make_inputs[:1])
+    assert_matches_eager(model, loaded, make_inputs[:1])

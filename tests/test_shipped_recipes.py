@@ -1,0 +1,108 @@
+"""Every shipped recipe builds offline, validates at >= 3 shapes, and its artifacts deploy.
+
+Builds are shared by the tests of this module (one build per recipe), plus one
+extra build of bert.yaml in a second process to prove byte-reproducibility.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+from aot.build import build
+from aot.export import run_onnx
+from aot.inputs import shape_cases
+from aot.models import load_model
+from aot.outputs import flatten_outputs
+from aot.recipe import load_recipe
+from aot.validate import compare_outputs
+from tests.export.isolated import run_isolated
+
+RECIPES_DIR = Path(__file__).parents[1] / "recipes"
+SHIPPED = sorted(p.name for p in RECIPES_DIR.glob("*.yaml"))
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("builds")
+    return {name: Path(build(RECIPES_DIR / name, root / Path(name).stem).output) for name in SHIPPED}
+
+
+def test_the_four_recipes_ship():
+    assert {"bert.yaml", "minilm.yaml", "resnet.yaml"} <= set(SHIPPED)
+    assert {"gpt2.yaml", "llama.yaml"} & set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_manifest_reports_validation_at_three_shapes(builds, name):
+    manifest = json.loads((builds[name] / "manifest.json").read_text())
+    validation = manifest["validation"]
+    assert validation, "the manifest must hold validation figures"
+    for artifact in ("graph", "graph_module", "onnx"):
+        shapes = {v["shape"] for v in validation if v["artifact"] == artifact}
+        assert len(shapes) >= 3, f"{artifact}: {shapes}"
+    assert all(v["ok"] for v in validation)
+    for relative, described in manifest["artifacts"].items():
+        assert (builds[name] / relative).stat().st_size == described["bytes"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_saved_graph_module_runs_without_aot_or_transformers(builds, name, tmp_path):
+    loaded = load_recipe(RECIPES_DIR / name)
+    model = load_model(loaded)
+    cases = shape_cases(loaded, model)
+    assert len(cases) >= 3
+    results = run_isolated({name: (builds[name] / "graph_module", [c.inputs for c in cases])}, tmp_path)[name]
+    tolerances = loaded.recipe.validate_
+    for case, raw in zip(cases, results):
+        with torch.no_grad():
+            expected = flatten_outputs(model(**case.inputs))
+        comparison = compare_outputs("standalone", case.label, expected, flatten_outputs(raw), tolerances.atol, tolerances.rtol)
+        assert comparison.ok, comparison.summary()
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
+    path = builds[name] / "model.onnx"
+    onnx.checker.check_model(str(path), full_check=True)
+    loaded = load_recipe(RECIPES_DIR / name)
+    graph_inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(path), load_external_data=False).graph.input}
+    for tensor in loaded.recipe.inputs.tensors:
+        for axis, dim in enumerate(tensor.shape):
+            if isinstance(dim, str) and loaded.recipe.inputs.dims[dim].dynamic:
+                assert graph_inputs[tensor.name][axis] == dim, graph_inputs
+    model = load_model(loaded)
+    for case in shape_cases(loaded, model):
+        with torch.no_grad():
+            expected = flatten_outputs(model(**case.inputs))
+        comparison = compare_outputs("onnx", case.label, expected, run_onnx(path, case.inputs), loaded.recipe.validate_.atol, loaded.recipe.validate_.rtol)
+        assert comparison.ok, comparison.summary()
+
+
+def _without_timings(manifest: dict) -> dict:
+    return {key: value for key, value in manifest.items() if key != "timings_s"}
+
+
+def test_bert_builds_byte_identical_in_two_processes(builds, tmp_path):
+    second = tmp_path / "bert-again"
+    completed = subprocess.run(
+        [sys.executable, "-m", "aot.cli", "build", str(RECIPES_DIR / "bert.yaml"), "-o", str(second)],
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 0, completed.stderr
+    first_manifest = json.loads((builds["bert.yaml"] / "manifest.json").read_text())
+    second_manifest = json.loads((second / "manifest.json").read_text())
+    assert first_manifest["artifacts"], "the manifest must list artifacts"
+    assert first_manifest["artifacts"] == second_manifest["artifacts"]
+    assert _without_timings(first_manifest) == _without_timings(second_manifest)
+    for relative in first_manifest["artifacts"]:
+        assert (builds["bert.yaml"] / relative).read_bytes() == (second / relative).read_bytes(), relative
