@@ -60,7 +60,7 @@ def write_module_source(gm: torch.fx.GraphModule) -> tuple[str, ModuleTree]:
         _model_class(tree, forward),
         _LOAD_FUNCTION,
     ]
-    return "\n\n".join(section.strip("\n") for section in sections if section) + "\n", tree
+    return "\n\n\n".join(section.strip("\n") for section in sections if section) + "\n", tree
 
 
 def _header(gm: torch.fx.GraphModule) -> str:

@@ -39,8 +39,10 @@ def read_safetensors(path):
     """Return ``{name: tensor}`` for a safetensors file, using torch alone."""
     if sys.byteorder != "little":
         raise RuntimeError("safetensors data is little-endian; this loader needs a little-endian machine")
+    data = bytearray(os.path.getsize(path))  # one writable buffer, filled in place: no second copy
     with open(path, "rb") as file:
-        data = bytearray(file.read())
+        if file.readinto(data) != len(data):
+            raise RuntimeError(f"{path} changed while it was read")
     header_size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + header_size].decode("utf-8"))
     header.pop("__metadata__", None)

@@ -16,6 +16,7 @@ from .fuse_batch_norm_2d_in_conv_2d import FuseBatchNorm2dInConv2d
 from .fuse_bias_in_linear import FuseBiasInLinear
 from .lint_and_recompile import LintAndRecompile
 from .merge_linears import MergeLinears
+from .prepack_linear_weights import PrepackLinearWeights
 from .registry import PassInfo, register_pass
 from .remove_dropout import RemoveDropout
 from .remove_identity import RemoveIdentity
@@ -33,6 +34,7 @@ __all__ = [
     "MergeLinears",
     "PassInfo",
     "PassResult",
+    "PrepackLinearWeights",
     "RemoveDropout",
     "RemoveIdentity",
     "RemoveRedundantCasts",

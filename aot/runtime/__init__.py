@@ -1,0 +1,10 @@
+"""Torch-only modules that optimised graphs call at run time.
+
+Each module here is self-contained (torch and the standard library only) so
+that an artifact writer can copy its source into a saved, torch-only
+``module.py``.
+"""
+
+from .onednn_linear import OneDNNLinear
+
+__all__ = ["OneDNNLinear"]
