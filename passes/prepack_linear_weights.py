@@ -74,57 +74,56 @@ class PrepackLinearWeights(ReversibleTransformation):
         )
 
     def transform(self, graph_module: GraphModule) -> GraphModule:
-        sites = _call_sites(graph_module)
-        converted: set[str] = set()  # a layer called at several sites is converted once, at its first
-        for node in list(graph_module.graph.nodes):
-            if node.op != "call_module":
-                continue
-            target = str(node.target)
-            if not (target in converted or isinstance(graph_module.get_submodule(target), nn.Linear)):
-                continue
-            self.report.matched += 1
-            reason = "" if target in converted else self._reason_to_skip(graph_module, node)
+        sites: dict[str, list[Node]] = {}
+        for node in graph_module.graph.nodes:
+            if node.op == "call_module" and isinstance(graph_module.get_submodule(str(node.target)), nn.Linear):
+                sites.setdefault(str(node.target), []).append(node)
+        for target, nodes in sites.items():
+            self.report.matched += len(nodes)
+            reason = self._reason_to_skip(graph_module.get_submodule(target), nodes)
             if reason:
-                self.note(f"node '{node.name}': {reason}")
+                for node in nodes:
+                    self.note(f"node '{node.name}': {reason}")
                 continue
-            activation_node, activation = self._activation(graph_module, node, sites)
-            if target not in converted:
-                layer = OneDNNLinear.from_linear(graph_module.get_submodule(target), activation, self.options.batch_size_hint)
-                set_submodule(graph_module, target, layer)
-                converted.add(target)
-            if activation_node is not None:
-                self._fuse(graph_module, node, activation_node)
-            self.mark_as_transformed(node)
-            self.save_reverse_info(node, {"activation": activation})
-            self.report.changed += 1
+            fused = self._fusable_activation(graph_module, nodes)
+            activation = "none" if fused is None else fused[1]
+            set_submodule(graph_module, target, OneDNNLinear.from_linear(graph_module.get_submodule(target), activation, self.options.batch_size_hint))
+            if fused is not None:
+                self._fuse(graph_module, nodes[0], fused[0])
+            for node in nodes:
+                self.mark_as_transformed(node)
+                self.save_reverse_info(node, {"activation": activation})
+            self.report.changed += len(nodes)
         return graph_module
 
     # -- matching ----------------------------------------------------------------------
 
-    def _reason_to_skip(self, graph_module: GraphModule, node: Node) -> str:
-        layer = graph_module.get_submodule(str(node.target))
+    def _reason_to_skip(self, layer: nn.Linear, nodes: list[Node]) -> str:
+        """Why the layer called by ``nodes`` must stay an nn.Linear, or "" if it may be packed."""
         if type(layer) is not nn.Linear or layer._forward_hooks or layer._forward_pre_hooks:
-            return f"'{node.target}' is a subclass of nn.Linear or has hooks"
-        if _input(node) is None:
-            return "unexpected call arguments"
+            return "the layer is a subclass of nn.Linear or has hooks"
+        if any(_input(node) is None for node in nodes):
+            return "unexpected call arguments at one of the layer's call sites"
         if layer.weight.dtype not in _PACKABLE_DTYPES or (layer.bias is not None and layer.bias.dtype != layer.weight.dtype):
             return f"weights are {layer.weight.dtype}, oneDNN packing is for float32/bfloat16"
         if layer.weight.device.type != "cpu":
             return f"weights are on {layer.weight.device}, oneDNN packing is for the CPU"
         return ""
 
-    def _activation(self, graph_module: GraphModule, node: Node, sites: dict[str, int]) -> tuple[Node | None, str]:
-        if not self.options.fuse_activation or len(node.users) != 1:
-            return None, "none"
-        [user] = node.users
-        activation = _activation_of(graph_module, user, node)
-        if activation is None:
-            return None, "none"
-        count = sites[str(node.target)]
-        if count > 1:
-            self.note(f"node '{node.name}': '{node.target}' is called at {count} sites, its activation is not fused")
-            return None, "none"
-        return user, activation
+    def _fusable_activation(self, graph_module: GraphModule, nodes: list[Node]) -> tuple[Node, str] | None:
+        """The activation node that is the only user of the layer's output, and its OneDNNLinear name."""
+        fusable = []
+        for node in nodes:
+            if self.options.fuse_activation and len(node.users) == 1:
+                activation = _activation_of(graph_module, next(iter(node.users)), node)
+                if activation is not None:
+                    fusable.append((next(iter(node.users)), activation))
+        if not fusable:
+            return None
+        if len(nodes) > 1:  # one module, one activation: it would differ between the sites
+            self.note(f"node '{nodes[0].name}': '{nodes[0].target}' is called at {len(nodes)} sites, its activation is not fused")
+            return None
+        return fusable[0]
 
     def _fuse(self, graph_module: GraphModule, node: Node, activation_node: Node) -> None:
         if "val" in activation_node.meta:
@@ -156,14 +155,6 @@ class PrepackLinearWeights(ReversibleTransformation):
                     user.replace_input_with(node, activation_node)
             self.mark_as_restored(node)
         return graph_module
-
-
-def _call_sites(graph_module: GraphModule) -> dict[str, int]:
-    sites: dict[str, int] = {}
-    for node in graph_module.graph.nodes:
-        if node.op == "call_module":
-            sites[str(node.target)] = sites.get(str(node.target), 0) + 1
-    return sites
 
 
 def _input(node: Node) -> Node | None:

@@ -1,7 +1,8 @@
 """OneDNNLinear: ``nn.Linear`` (+ an optional fused activation) on a pre-packed oneDNN weight.
 
-Self-contained on purpose: it imports only torch and the standard library, so
-an artifact writer can copy this file's source into a torch-only ``module.py``.
+Self-contained on purpose: it imports only torch and the standard library (no
+``from __future__``), and its private names start with ``_onednn``/``_ONEDNN``,
+so an artifact writer can paste this file's source into a torch-only ``module.py``.
 Construct it with plain literals, e.g.::
 
     OneDNNLinear(768, 3072, bias=True, activation="gelu", batch_size_hint=128)
@@ -34,8 +35,6 @@ tensor has no version counter: an in-place edit of one made inside
 ``torch.inference_mode`` is the one change it cannot see.)
 """
 
-from __future__ import annotations
-
 import math
 import weakref
 
@@ -43,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 # activation -> (oneDNN post-op, its algorithm argument)
-_POST_OPS = {
+_ONEDNN_POST_OPS = {
     "none": ("none", ""),
     "relu": ("relu", ""),
     "gelu": ("gelu", "none"),
@@ -56,7 +55,7 @@ def _onednn_available() -> bool:
     return bool(backend.is_available() and backend.enabled and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def _activate(output: torch.Tensor, activation: str) -> torch.Tensor:
+def _onednn_activate(output: torch.Tensor, activation: str) -> torch.Tensor:
     if activation == "relu":
         return F.relu(output)
     if activation == "gelu":
@@ -80,8 +79,8 @@ class OneDNNLinear(torch.nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if activation not in _POST_OPS:
-            raise ValueError(f"OneDNNLinear: activation must be one of {sorted(_POST_OPS)}, got {activation!r}")
+        if activation not in _ONEDNN_POST_OPS:
+            raise ValueError(f"OneDNNLinear: activation must be one of {sorted(_ONEDNN_POST_OPS)}, got {activation!r}")
         if int(batch_size_hint) < 1:
             raise ValueError(f"OneDNNLinear: batch_size_hint must be >= 1, got {batch_size_hint!r}")
         self.in_features = int(in_features)
@@ -116,16 +115,16 @@ class OneDNNLinear(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self._use_onednn(input):
-            post_op, algorithm = _POST_OPS[self.activation]
+            post_op, algorithm = _ONEDNN_POST_OPS[self.activation]
             return torch.ops.mkldnn._linear_pointwise(input, self.packed_weight(), self.bias, post_op, [], algorithm)
-        return _activate(F.linear(input, self.weight, self.bias), self.activation)
+        return _onednn_activate(F.linear(input, self.weight, self.bias), self.activation)
 
     # -- the packed weight ------------------------------------------------------------------
 
     def packed_weight(self) -> torch.Tensor:
         """``weight`` reordered for oneDNN, rebuilt if ``weight`` was replaced or changed since the last pack."""
         weight = self.weight
-        version = _version(weight)
+        version = _onednn_version(weight)
         cached = self._packed
         if cached is not None and cached[0]() is weight and cached[1] == weight.data_ptr() and cached[2] == version:
             return cached[3]
@@ -136,28 +135,28 @@ class OneDNNLinear(torch.nn.Module):
 
     def _use_onednn(self, input: torch.Tensor) -> bool:
         weight, bias = self.weight, self.bias
-        if not (isinstance(input, torch.Tensor) and input.device.type == "cpu" and weight.device.type == "cpu"):
+        if not isinstance(input, torch.Tensor) or input.device.type != "cpu":
             return False  # also a torch.fx Proxy: tracing sees F.linear + activation
         if torch.compiler.is_compiling():
             return False  # torch.export / torch.compile see plain aten.linear + activation
-        if input.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
-            return False
-        if input.dim() == 0 or input.shape[-1] != self.in_features:
-            return False
-        if weight.dtype == torch.bfloat16:
-            if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-                return False
-        elif weight.dtype != torch.float32:
+        if input.dtype != weight.dtype or input.dim() == 0 or input.shape[-1] != self.in_features:
             return False
         if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
             return False  # the oneDNN op has no backward
-        return _onednn_available()
+        return self._packable()
+
+    def _packable(self) -> bool:
+        weight, bias = self.weight, self.bias
+        if weight.device.type != "cpu" or (bias is not None and bias.dtype != weight.dtype):
+            return False
+        if weight.dtype == torch.bfloat16:
+            return _onednn_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return weight.dtype == torch.float32 and _onednn_available()
 
     def _repack_after_load(self, incompatible_keys) -> None:
         self._packed = None
-        if self.weight.device.type == "cpu" and not self.weight.is_meta and _onednn_available():
-            if self.weight.dtype == torch.float32 or (self.weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-                self.packed_weight()
+        if self._packable():
+            self.packed_weight()
 
     # -- derived state stays out of copies, pickles and moves -------------------------------
 
@@ -177,7 +176,7 @@ class OneDNNLinear(torch.nn.Module):
         )
 
 
-def _version(tensor: torch.Tensor) -> int | None:
+def _onednn_version(tensor: torch.Tensor) -> int | None:
     """The in-place version counter; None for inference tensors, which have none.
 
     An inference tensor (created under ``torch.inference_mode``) cannot be changed
