@@ -31,7 +31,7 @@ import torch
 from aot.errors import RecipeError
 from aot.inputs import make_inputs
 from aot.manifest import MANIFEST_NAME, read_manifest
-from aot.models import load_model, load_tokenizer
+from aot.models import forward_parameters, load_model, load_tokenizer
 from aot.recipe import LoadedRecipe, load_recipe
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,9 @@ def _load_build(directory: Path) -> tuple[LoadedRecipe, dict[str, Any]]:
 def _runners(directory: Path, model: torch.nn.Module, threads: int) -> dict[str, Runner]:
     from aot import export
 
-    runners: dict[str, Runner] = {"eager": lambda inputs: model(**inputs)}
+    # Called as validation calls it: without a KV cache, like the traced graph.
+    extra = {"use_cache": False} if "use_cache" in forward_parameters(model) else {}
+    runners: dict[str, Runner] = {"eager": lambda inputs: model(**inputs, **extra)}
     if (directory / "graph_module").is_dir():
         saved = export.load(directory / "graph_module")
         runners["graph_module"] = lambda inputs: saved(**inputs)

@@ -22,7 +22,7 @@ from aot.capture import capture
 from aot.errors import AotError, ValidationError
 from aot.inputs import ShapeCase, check_input_names, dynamic_axes, shape_cases
 from aot.manifest import MANIFEST_VERSION, describe_files, tool_versions, write_manifest
-from aot.models import load_model
+from aot.models import forward_parameters, load_model
 from aot.outdir import staged_directory
 from aot.outputs import flatten_outputs
 from aot.pipeline import PassRecord, run_pipeline
@@ -94,7 +94,7 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
         check_input_names(loaded, model)
     with stage("make_inputs"):
         cases = shape_cases(loaded, model)
-        expected = [_eager_outputs(model, case) for case in cases]
+        expected = [eager_outputs(model, case.inputs) for case in cases]
     with stage("trace"):
         graph_module = capture(loaded, model, cases[0].inputs)
         report.trace = graph_module.meta.get("trace_report", {})
@@ -115,9 +115,11 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
     return report
 
 
-def _eager_outputs(model: torch.nn.Module, case: ShapeCase) -> dict[str, torch.Tensor]:
+def eager_outputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The eager reference, called as the tracer calls it: without a KV cache, whose objects are no tensors."""
+    extra = {"use_cache": False} if "use_cache" in forward_parameters(model) and "use_cache" not in inputs else {}
     with torch.no_grad():
-        return flatten_outputs(model(**case.inputs))
+        return flatten_outputs(model(**inputs, **extra))
 
 
 def _run_graph(graph_module: torch.nn.Module, case: ShapeCase) -> dict[str, torch.Tensor]:

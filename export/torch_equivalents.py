@@ -74,7 +74,31 @@ _MODEL_OUTPUT = "transformers.utils.generic.ModelOutput"
 def leaf_replacement(module: torch.nn.Module) -> LeafReplacement | None:
     """The torch-only stand-in for a third-party leaf module, or ``None`` when it has none."""
     build = _MODULE_REPLACEMENTS.get(_qualified_name(type(module)))
-    return build(module) if build else None
+    if build:
+        return build(module)
+    return _rms_norm(module)
+
+
+def _rms_norm(module: torch.nn.Module) -> LeafReplacement | None:
+    """``torch.nn.RMSNorm`` for the many RMS norms of transformers (Llama, Mistral, T5, ...), checked numerically.
+
+    They all compute ``w ⊙ x / sqrt(mean(x²) + ε)``, but some differ in where they
+    cast or whether they scale by ``1 + w`` (Gemma), so a candidate is only used
+    when it reproduces the module's output on random float32 input.
+    """
+    weight = getattr(module, "weight", None)
+    eps = next((getattr(module, name) for name in ("variance_epsilon", "eps") if isinstance(getattr(module, name, None), float)), None)
+    if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 1 or eps is None:
+        return None
+    candidate = torch.nn.RMSNorm(weight.shape[0], eps=eps, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        candidate.weight.copy_(weight)
+        probe = torch.randn(2, 3, weight.shape[0], generator=torch.Generator().manual_seed(0)).to(weight.device, weight.dtype)
+        if not torch.allclose(candidate(probe), module(probe), rtol=1e-5, atol=1e-6):
+            return None
+    return LeafReplacement(
+        constructor=f"torch.nn.RMSNorm({weight.shape[0]}, eps={eps!r})", tensors={"weight": weight.detach()}
+    )
 
 
 def function_replacement(target) -> str | None:

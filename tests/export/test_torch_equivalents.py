@@ -1,0 +1,68 @@
+"""transformers leaves with a torch-only form: RMS norms become torch.nn.RMSNorm, checked numerically."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from aot.errors import ExportError
+from aot.export import save_graph_module
+from aot.outputs import flatten_outputs
+from aot.tracing import symbolic_trace
+from tests.export.isolated import run_isolated
+from tests.export.models import text_inputs
+
+
+def _tiny_llama() -> transformers.LlamaModel:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        use_cache=False,
+    )
+    return transformers.LlamaModel(config).eval()
+
+
+def test_llama_rms_norms_become_torch_rms_norm_and_run_standalone(tmp_path):
+    model = _tiny_llama()
+    gm = symbolic_trace(model, input_names=["input_ids", "attention_mask"])
+    rms_leaves = [n for n in gm.graph.nodes if n.op == "call_module" and "RMSNorm" in type(gm.get_submodule(n.target)).__name__]
+    assert rms_leaves, "the tracer keeps Llama's RMS norms as leaves"
+    save_graph_module(gm, tmp_path / "gm")
+    source = (tmp_path / "gm" / "module.py").read_text()
+    assert "torch.nn.RMSNorm(32, eps=" in source and "import transformers" not in source
+    cases = [text_inputs(b, s) for b, s in ((2, 7), (1, 3), (3, 12))]
+    results = run_isolated({"llama": (tmp_path / "gm", cases)}, tmp_path)["llama"]
+    for inputs, raw in zip(cases, results):
+        with torch.no_grad():
+            expected = flatten_outputs(model(**inputs))
+        for name, value in expected.items():
+            torch.testing.assert_close(flatten_outputs(raw)[name], value, atol=1e-5, rtol=1e-5)
+
+
+class ScaledByOnePlusWeight(torch.nn.Module):
+    """Gemma's form, 1 + w: not a torch.nn.RMSNorm with the same weight, so it must not pass as one."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(size))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+
+
+class UsesNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = ScaledByOnePlusWeight(8)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+def test_rms_norm_lookalike_with_other_math_is_rejected(tmp_path):
+    gm = symbolic_trace(UsesNorm(), input_names=["x"], leaf_modules=(ScaledByOnePlusWeight,))
+    assert any(n.op == "call_module" and n.target == "norm" for n in gm.graph.nodes)
+    with pytest.raises(ExportError, match="node 'norm' calls module 'norm'.*no torch-only form"):
+        save_graph_module(gm, tmp_path / "gm")
