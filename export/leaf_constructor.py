@@ -26,10 +26,18 @@ class NoConstructorForm(Exception):
     """The module cannot be recreated from a constructor call; the message says why."""
 
 
+RUNTIME_PACKAGE = "aot.runtime."
+
+
+def is_runtime_class(cls: type) -> bool:
+    """Classes of ``aot.runtime``: self-contained torch-only modules whose source a saved module carries."""
+    return cls.__module__.startswith(RUNTIME_PACKAGE)
+
+
 def constructor_call(module: torch.nn.Module) -> str:
     """Return Python source that constructs a module equal to ``module`` (weights aside)."""
     cls = type(module)
-    if not cls.__module__.startswith("torch."):
+    if not cls.__module__.startswith("torch.") and not is_runtime_class(cls):
         raise NoConstructorForm(f"{cls.__module__}.{cls.__qualname__} is not a torch class")
     kwargs = _constructor_kwargs(module)
     _check_rebuild(module, kwargs)
@@ -41,6 +49,8 @@ def class_path(cls: type) -> str:
     """``torch.nn.Linear`` rather than ``torch.nn.modules.linear.Linear`` where torch.nn exports the class."""
     if getattr(torch.nn, cls.__name__, None) is cls:
         return f"torch.nn.{cls.__name__}"
+    if is_runtime_class(cls):
+        return cls.__qualname__  # defined in module.py itself, from the pasted aot.runtime source
     return f"{cls.__module__}.{cls.__qualname__}"
 
 

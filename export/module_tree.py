@@ -25,7 +25,7 @@ import torch.fx
 
 from aot.errors import ExportError
 
-from .leaf_constructor import NoConstructorForm, constructor_call, python_literal
+from .leaf_constructor import NoConstructorForm, constructor_call, is_runtime_class, python_literal
 from .torch_equivalents import leaf_replacement
 
 _GUARDS_CLASS = "torch.export._unlift.GuardsFn"
@@ -39,6 +39,7 @@ class ModuleTree:
     constants: list[str] = field(default_factory=list)
     training: list[str] = field(default_factory=list)
     uses_no_guards: bool = False
+    runtime_modules: list[str] = field(default_factory=list)  # aot.runtime modules whose source module.py carries
 
 
 def build_module_tree(gm: torch.fx.GraphModule) -> ModuleTree:
@@ -98,7 +99,9 @@ def _add_leaf(tree: ModuleTree, path: str, module: torch.nn.Module, node: torch.
     if replacement is not None:
         tree.init_lines.append(_assignment(path, replacement.constructor) + f"  # stands in for {qualified}")
         return replacement.tensors, True
-    if not cls.__module__.startswith("torch.nn"):
+    if is_runtime_class(cls) and cls.__module__ not in tree.runtime_modules:
+        tree.runtime_modules.append(cls.__module__)
+    if not cls.__module__.startswith("torch.nn") and not is_runtime_class(cls):
         raise ExportError(
             f"node '{node.name}' calls module '{path}' of class {qualified}, which has no torch-only form;"
             " the saved artifact may depend on torch alone"

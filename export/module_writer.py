@@ -20,6 +20,7 @@ which :func:`aot.outputs.flatten_outputs` names the same way).
 from __future__ import annotations
 
 import builtins
+import importlib
 import inspect
 from typing import Any
 
@@ -53,6 +54,7 @@ def write_module_source(gm: torch.fx.GraphModule) -> tuple[str, ModuleTree]:
     sections = [
         _header(gm),
         _runtime_source(),
+        *(_runtime_module_source(name) for name in tree.runtime_modules),
         "# --- names the graph code uses ---\n" + imports,
         _functions_block(functions),
         bindings,
@@ -73,6 +75,15 @@ Load it with torch alone::
     load = runpy.run_path("DIRECTORY/module.py")["load"]
     model = load("DIRECTORY")  # a torch.nn.Module in eval mode; call it as model(**inputs)
 """'''
+
+
+def _runtime_module_source(module_name: str) -> str:
+    """An ``aot.runtime`` module's whole source: it imports only torch and the standard library."""
+    source = inspect.getsource(importlib.import_module(module_name))
+    for line in source.splitlines():
+        if line.startswith(("import ", "from ")) and not is_allowed_module(line.split()[1]):
+            raise ExportError(f"{module_name} imports {line.split()[1]}; aot.runtime modules may import only torch and the standard library")
+    return f"# --- {module_name} ---\n" + source
 
 
 def _runtime_source() -> str:
