@@ -131,3 +131,15 @@ def test_passes_lists_every_registered_pass(cli):
 def test_schema_command_prints_json_schema(cli):
     result = cli("schema")
     assert json.loads(result.stdout)["title"] == "aot recipe"
+
+
+def test_readme_documents_every_registered_pass():
+    from pathlib import Path
+
+    from aot.passes import registry
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    names = [info.name for info in registry.all_passes()]
+    assert names
+    missing = [name for name in names if f"| `{name}` |" not in readme]
+    assert not missing, f"README.md's pass table lacks {missing}"
