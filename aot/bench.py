@@ -155,7 +155,7 @@ def bench(
     runners = _runners(directory, model, threads)
     tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
     report = BenchReport(
-        build=str(directory), threads=threads, runs=runs, warmup=warmup, build_stages_s=manifest.get("timings_s", {}).get("stages", {})
+        build=str(directory), threads=threads, runs=runs, warmup=warmup, build_stages_s=manifest.get("run", {}).get("stages_s", {})
     )
     with torch.inference_mode():
         for shape in grid_shapes(loaded, grid or {}):

@@ -9,6 +9,8 @@ replaced when every stage, artifact validation included, has succeeded.
 from __future__ import annotations
 
 import logging
+import resource
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,6 +46,7 @@ class BuildReport:
     validation: list[Comparison] = field(default_factory=list)
     trace: dict[str, Any] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    memory: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -58,6 +61,7 @@ class BuildReport:
             "passes": [p.to_json() for p in self.passes],
             "validation": [c.to_json() for c in self.validation],
             "files": self.files,
+            "memory": self.memory,
         }
 
 
@@ -89,9 +93,11 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
     report = BuildReport(name=loaded.name, output=str(target))
     stage = _Stages(report, progress)
 
+    baseline_rss = peak_rss_mib()
     with stage("load_model"):
         model = load_model(loaded)
         check_input_names(loaded, model)
+    report.memory["weights_mib"] = round(_tensor_bytes(model) / 2**20, 1)
     with stage("make_inputs"):
         cases = shape_cases(loaded, model)
         expected = [eager_outputs(model, case.inputs) for case in cases]
@@ -111,8 +117,21 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
         _write_artifacts(loaded, graph_module, cases, expected, staging, report, stage)
         report.files = describe_files(staging)
         report.stages["total"] = round(time.perf_counter() - started, 3)
+        report.memory["peak_rss_mib"] = peak_rss_mib()
+        report.memory["peak_over_start_mib"] = round(report.memory["peak_rss_mib"] - baseline_rss, 1)
         write_manifest(staging, _manifest(loaded, report))
     return report
+
+
+def peak_rss_mib() -> float:
+    """The process's peak resident set so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
+def _tensor_bytes(model: torch.nn.Module) -> int:
+    tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def eager_outputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -212,10 +231,11 @@ def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
         "passes": [{k: v for k, v in p.to_json().items() if k != "seconds"} for p in report.passes],
         "validation": [c.to_json() for c in report.validation],
         "artifacts": report.files,
-        # Everything that varies from run to run lives here, so the rest of the manifest is reproducible.
-        "timings_s": {
-            "stages": report.stages,
-            "trace": report.trace.get("duration_s"),
-            "passes": {f"{i + 1}:{p.name}": p.seconds for i, p in enumerate(report.passes)},
+        # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.
+        "run": {
+            "stages_s": report.stages,
+            "trace_s": report.trace.get("duration_s"),
+            "passes_s": {f"{i + 1}:{p.name}": p.seconds for i, p in enumerate(report.passes)},
+            "memory": report.memory,
         },
     }

@@ -49,7 +49,7 @@ NOISE_KEYS = frozenset(
 )
 
 # Wall-clock measurements differ between two identical builds; they belong in the manifest's timing fields.
-TIMING_KEYS = frozenset({"duration_s", "seconds", "elapsed_s", "time_s", "timings_s"})
+TIMING_KEYS = frozenset({"duration_s", "seconds", "elapsed_s", "time_s", "timings_s", "stages_s"})
 
 _MARKERS = ("__tuple__", "__dict__", "__dtype__", "__float__", "__namedtuple__")
 
