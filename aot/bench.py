@@ -9,9 +9,9 @@ noise hits all contestants alike. For each shape of the grid:
 3. medians, p10 and p90 are taken per runner, and ``speedup = eager median /
    runner median``.
 
-Peak memory is read from the kernel: ``/proc/self/clear_refs`` resets the
-process's peak resident set, then a few calls of one runner follow, and
-``VmHWM`` minus the resident set before them is that runner's peak.
+Peak memory is measured per runner in a fresh process that loads only that
+runner (:mod:`aot.bench_memory`): its peak resident set minus the resident set
+after imports, loading and two calls included. Peers get no memory figure.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,7 +30,9 @@ import numpy as np
 import torch
 
 from aot.errors import RecipeError
-from aot.inputs import make_inputs
+from aot.bench_memory import measure_peak_mib
+from aot.bench_peers import build_peers
+from aot.inputs import dynamic_axes, make_inputs
 from aot.manifest import MANIFEST_NAME, read_manifest
 from aot.models import forward_parameters, load_model, load_tokenizer
 from aot.recipe import LoadedRecipe, load_recipe
@@ -37,6 +40,7 @@ from aot.recipe import LoadedRecipe, load_recipe
 log = logging.getLogger(__name__)
 
 Runner = Callable[[dict[str, torch.Tensor]], Any]
+ARTIFACT_RUNNERS = ("eager", "graph_module", "onnx")
 Tick = Callable[[], None]
 
 
@@ -64,6 +68,7 @@ class BenchReport:
     warmup: int
     shapes: list[ShapeFigures] = field(default_factory=list)
     build_stages_s: dict[str, float] = field(default_factory=dict)
+    peer_failures: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,30 +76,6 @@ class BenchReport:
 
 def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
-
-
-def _rss_kib(field_name: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _peak_mib(run: Runner, inputs: dict[str, torch.Tensor], calls: int = 3) -> float | None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return None
-    before = _rss_kib("VmRSS")
-    for _ in range(calls):
-        run(inputs)
-    peak = _rss_kib("VmHWM")
-    if before is None or peak is None:
-        return None
-    return round(max(peak - before, 0) / 1024, 1)
 
 
 def _load_build(directory: Path) -> tuple[LoadedRecipe, dict[str, Any]]:
@@ -106,22 +87,26 @@ def _load_build(directory: Path) -> tuple[LoadedRecipe, dict[str, Any]]:
     return loaded, manifest
 
 
-def _runners(directory: Path, model: torch.nn.Module, threads: int) -> dict[str, Runner]:
+def _runners(directory: Path, model: torch.nn.Module, threads: int, only: str | None = None) -> dict[str, Runner]:
     from aot import export
 
     # Called as validation calls it: without a KV cache, like the traced graph.
     extra = {"use_cache": False} if "use_cache" in forward_parameters(model) else {}
     runners: dict[str, Runner] = {"eager": lambda inputs: model(**inputs, **extra)}
-    if (directory / "graph_module").is_dir():
+    if only == "eager":
+        return runners
+    if (directory / "graph_module").is_dir() and only in (None, "graph_module"):
         saved = export.load(directory / "graph_module")
         runners["graph_module"] = lambda inputs: saved(**inputs)
     onnx_path = directory / "model.onnx"
-    if onnx_path.is_file():
+    if onnx_path.is_file() and only in (None, "onnx"):
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # Spinning ORT workers would steal the cores torch runs on next: interleaving must be fair.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
         runners["onnx"] = lambda inputs: session.run(None, {n: inputs[n].numpy() for n in names})
@@ -146,6 +131,7 @@ def bench(
     threads: int | None = None,
     memory: bool = True,
     tick: Callable[[str], None] | None = None,
+    peers: tuple[str, ...] = (),
 ) -> BenchReport:
     directory = Path(directory)
     loaded, manifest = _load_build(directory)
@@ -157,14 +143,26 @@ def bench(
     report = BenchReport(
         build=str(directory), threads=threads, runs=runs, warmup=warmup, build_stages_s=manifest.get("run", {}).get("stages_s", {})
     )
-    with torch.inference_mode():
-        for shape in grid_shapes(loaded, grid or {}):
-            inputs = make_inputs(loaded, model, shape, seed=loaded.recipe.model.seed, tokenizer=tokenizer)
-            report.shapes.append(_bench_shape(shape, inputs, runners, runs, warmup, memory, tick))
+    with tempfile.TemporaryDirectory(prefix="aot-bench-peers-") as workdir:
+        if peers:
+            trace_dims = {name: dim.size for name, dim in loaded.recipe.inputs.dims.items()}
+            example = make_inputs(loaded, model, trace_dims, seed=loaded.recipe.model.seed, tokenizer=tokenizer)
+            peer_runners, report.peer_failures = build_peers(peers, model, example, dynamic_axes(loaded), Path(workdir), threads)
+            runners.update(peer_runners)
+        _bench_grid(loaded, model, tokenizer, grid, runners, runs, warmup, memory, tick, report)
     return report
 
 
+def _bench_grid(loaded, model, tokenizer, grid, runners, runs, warmup, memory, tick, report) -> None:
+    with torch.inference_mode():
+        for shape in grid_shapes(loaded, grid or {}):
+            inputs = make_inputs(loaded, model, shape, seed=loaded.recipe.model.seed, tokenizer=tokenizer)
+            report.shapes.append(_bench_shape(Path(report.build), report.threads, shape, inputs, runners, runs, warmup, memory, tick))
+
+
 def _bench_shape(
+    directory: Path,
+    threads: int,
     shape: dict[str, int],
     inputs: dict[str, torch.Tensor],
     runners: dict[str, Runner],
@@ -197,7 +195,7 @@ def _bench_shape(
                 p10_ms=round(_percentile(samples[name], 10), 3),
                 p90_ms=round(_percentile(samples[name], 90), 3),
                 speedup=round(eager_median / median, 3),
-                peak_mib=_peak_mib(runners[name], inputs) if memory else None,
+                peak_mib=measure_peak_mib(directory, name, shape, threads) if memory and name in ARTIFACT_RUNNERS else None,
             )
         )
     return figures

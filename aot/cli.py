@@ -117,9 +117,10 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--threads", type=int, help="Intra-op threads for torch and ONNX Runtime (default: torch's).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=str), help="Also draw the speedups as a PNG chart.")
+@click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'all' (+ torch.compile freezing) or a comma list.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
-def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, as_json) -> None:
+def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, as_json) -> None:
     """Time eager, the saved GraphModule and ONNX Runtime side by side on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
@@ -127,7 +128,14 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
 
     from aot.bench import bench, draw_chart
 
+    from aot.bench_peers import ALL_PEERS, ONNX_PEERS
+
     grid = _parse_grid(shapes)
+    groups = {"": (), "onnx": ONNX_PEERS, "all": ALL_PEERS}
+    wanted = groups[peers] if peers in groups else tuple(p.strip() for p in peers.split(","))
+    unknown = [p for p in wanted if p not in ALL_PEERS]
+    if unknown:
+        raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(ALL_PEERS)}", param_hint="--peers")
 
     def run():
         directory = target
@@ -137,7 +145,7 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
             directory = run_build(target, output, progress=_stderr_progress).output
         with Progress(transient=True, console=_stderr_console()) as progress:
             task = progress.add_task("benchmarking", total=None)
-            report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory,
+            report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
                            tick=lambda label: progress.update(task, advance=1, description=f"bench {label}"))
         if chart:
             draw_chart(report, Path(chart))
@@ -171,6 +179,8 @@ def _print_bench(report) -> None:
             label = ""
     console = Console()
     console.print(table)
+    for peer, reason in report.peer_failures.items():
+        console.print(f"peer {peer} could not be built: {reason}")
     if report.build_stages_s:
         console.print("build stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in report.build_stages_s.items()))
 

@@ -9,7 +9,8 @@ to its own trace. Then, per batch size, every variant and eager run one after
 the other in each round (interleaved, after warm-up, under
 ``torch.inference_mode``) and the script prints the median and p10/p90 time per
 variant, its speedup over eager in the same run (``x eager``: ratio of the
-medians; ``paired``: median of the per-round ratios), and its largest absolute
+medians; ``paired``: median of the per-round ratios; ``best``: ratio of the
+fastest runs, the least disturbed by other load), and its largest absolute
 difference from eager's ``last_hidden_state``/``pooler_output``.
 
 The machine's cores may be shared with other processes: absolute times move
@@ -114,13 +115,14 @@ def main() -> None:
             times = measure(runners, example, args.rounds, args.warmup)
             eager = statistics.median(times["eager"])
             print(f"\nbatch {batch}:")
-            print(f"  {'variant':<20} {'median ms':>10} {'p10':>8} {'p90':>8} {'x eager':>8} {'paired':>7} {'max |diff|':>11}")
+            print(f"  {'variant':<20} {'median ms':>10} {'p10':>8} {'p90':>8} {'x eager':>8} {'paired':>7} {'best':>6} {'max |diff|':>11}")
             for name, values in times.items():
                 median = statistics.median(values)
                 paired = statistics.median(e / v for e, v in zip(times["eager"], values))
+                best = min(times["eager"]) / min(values)
                 difference = f"{differences[name]:.1e}" if name in differences else "-"
                 print(f"  {name:<20} {median * 1e3:>10.1f} {percentile(values, 0.1) * 1e3:>8.1f} "
-                      f"{percentile(values, 0.9) * 1e3:>8.1f} {eager / median:>8.3f} {paired:>7.3f} {difference:>11}")
+                      f"{percentile(values, 0.9) * 1e3:>8.1f} {eager / median:>8.3f} {paired:>7.3f} {best:>6.3f} {difference:>11}")
 
 
 if __name__ == "__main__":
