@@ -8,6 +8,7 @@ replaced when every stage, artifact validation included, has succeeded.
 
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 import sys
@@ -47,6 +48,7 @@ class BuildReport:
     trace: dict[str, Any] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
+    peak_rss_by_stage: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -77,6 +79,7 @@ class _Stages:
         yield
         seconds = time.perf_counter() - started
         self.report.stages[stage] = round(self.report.stages.get(stage, 0.0) + seconds, 3)
+        self.report.peak_rss_by_stage[stage] = peak_rss_mib()
         log.info("%s done in %.2fs", stage, seconds)
         if self.progress:
             self.progress(stage, "done", seconds)
@@ -114,7 +117,12 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
             raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
 
     with staged_directory(target) as staging:
-        _write_artifacts(loaded, graph_module, cases, expected, staging, report, stage)
+        _write_artifacts(loaded, graph_module, cases, staging, report, stage)
+        # Artifacts are validated from disk, as deployed; the in-memory model and graph are no longer
+        # needed (the expected outputs are computed), and dropping them keeps the build's peak memory down.
+        del model, graph_module
+        gc.collect()
+        _validate_artifacts(loaded, cases, expected, staging, report, stage)
         report.files = describe_files(staging)
         report.stages["total"] = round(time.perf_counter() - started, 3)
         report.memory["peak_rss_mib"] = peak_rss_mib()
@@ -188,7 +196,6 @@ def _write_artifacts(
     loaded: LoadedRecipe,
     graph_module: torch.fx.GraphModule,
     cases: list[ShapeCase],
-    expected: list[dict[str, Any]],
     staging: Path,
     report: BuildReport,
     stage: _Stages,
@@ -201,11 +208,17 @@ def _write_artifacts(
     if options.onnx.enabled:
         with stage("export_onnx"):
             onnx_path = staging / "model.onnx"
-            export.export_onnx(graph_module, onnx_path, cases[0].inputs, dynamic_axes(loaded), opset=options.onnx.opset)
+            export.export_onnx(
+                graph_module,
+                onnx_path,
+                cases[0].inputs,
+                dynamic_axes(loaded),
+                opset=options.onnx.opset,
+                optimize=options.onnx.exporter_optimize,
+                external_data=True if options.onnx.external_data == "always" else None,
+            )
             if options.onnx.optimize != "none":
                 export.optimize_onnx(onnx_path, options.onnx.optimize, loaded.recipe.model)
-        with stage("validate_onnx"):
-            report.validation += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
     if options.graph_module.enabled:
         if loaded.graph_module_passes:
             with stage("graph_module_passes"):
@@ -213,9 +226,23 @@ def _write_artifacts(
                 report.passes += records
         with stage("export_graph_module"):
             export.save_graph_module(graph_module, staging / "graph_module")
+
+
+def _validate_artifacts(
+    loaded: LoadedRecipe, cases: list[ShapeCase], expected: list[dict[str, Any]], staging: Path, report: BuildReport, stage: _Stages
+) -> None:
+    from aot import export
+
+    onnx_path = staging / "model.onnx"
+    if onnx_path.is_file():
+        with stage("validate_onnx"):
+            report.validation += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
+            export.release_sessions()
+    if (staging / "graph_module").is_dir():
         with stage("validate_graph_module"):
             saved = export.load(staging / "graph_module")
             report.validation += _validate("graph_module", saved, cases, expected, loaded)
+            del saved
     failed = [c for c in report.validation if not c.ok]
     if failed:
         raise ValidationError(failed[0].summary())
@@ -237,5 +264,6 @@ def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
             "trace_s": report.trace.get("duration_s"),
             "passes_s": {f"{i + 1}:{p.name}": p.seconds for i, p in enumerate(report.passes)},
             "memory": report.memory,
+            "peak_rss_mib_after_stage": report.peak_rss_by_stage,
         },
     }

@@ -9,6 +9,6 @@ Every writer here gives byte-identical files for the same graph in any process.
 from .graph_module_artifact import load, load_standalone, save_graph_module
 from .onnx_export import export_onnx
 from .onnx_optimize import optimize_onnx
-from .onnx_runtime import run_onnx
+from .onnx_runtime import release_sessions, run_onnx
 
-__all__ = ["export_onnx", "load", "load_standalone", "optimize_onnx", "run_onnx", "save_graph_module"]
+__all__ = ["export_onnx", "load", "load_standalone", "optimize_onnx", "release_sessions", "run_onnx", "save_graph_module"]

@@ -68,6 +68,11 @@ def _session(path: Path, providers: tuple[str, ...]) -> onnxruntime.InferenceSes
 _SESSIONS: dict[tuple, onnxruntime.InferenceSession] = {}
 
 
+def release_sessions() -> None:
+    """Drop the cached session, and the copy of the weights ONNX Runtime holds in it."""
+    _SESSIONS.clear()
+
+
 def _as_array(value: torch.Tensor | np.ndarray) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().contiguous().numpy()

@@ -28,7 +28,7 @@ import torch
 
 from aot.errors import TraceError
 
-DEFAULT_LEAF_CLASS_PATHS = ("transformers.pytorch_utils.Conv1D",)
+DEFAULT_LEAF_CLASS_PATHS = ("transformers.pytorch_utils.Conv1D", "aot.runtime.onednn_linear.OneDNNLinear")
 DEFAULT_LEAF_CLASS_SUFFIXES = ("RMSNorm",)
 DEFAULT_LEAF_CLASS_NAMES = frozenset(
     {"T5LayerNorm", "MT5LayerNorm", "UMT5LayerNorm", "LongT5LayerNorm", "Pix2StructLayerNorm",
