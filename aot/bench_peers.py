@@ -36,7 +36,9 @@ Runner = Callable[[dict[str, torch.Tensor]], Any]
 
 
 def _quietly(action: Callable[[], Any]) -> Any:
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    from aot.export.onnx_export import quiet_exporter_logs
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), quiet_exporter_logs():
         warnings.simplefilter("ignore")
         return action()
 

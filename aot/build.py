@@ -8,6 +8,8 @@ replaced when every stage, artifact validation included, has succeeded.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import logging
 import resource
@@ -121,7 +123,7 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
         # Artifacts are validated from disk, as deployed; the in-memory model and graph are no longer
         # needed (the expected outputs are computed), and dropping them keeps the build's peak memory down.
         del model, graph_module
-        gc.collect()
+        _release_freed_memory()
         _validate_artifacts(loaded, cases, expected, staging, report, stage)
         report.files = describe_files(staging)
         report.stages["total"] = round(time.perf_counter() - started, 3)
@@ -129,6 +131,15 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
         report.memory["peak_over_start_mib"] = round(report.memory["peak_rss_mib"] - baseline_rss, 1)
         write_manifest(staging, _manifest(loaded, report))
     return report
+
+
+def _release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+    gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    malloc_trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None) if libc_name else None
+    if malloc_trim is not None:
+        malloc_trim(0)
 
 
 def peak_rss_mib() -> float:
@@ -217,8 +228,6 @@ def _write_artifacts(
                 optimize=options.onnx.exporter_optimize,
                 external_data=True if options.onnx.external_data == "always" else None,
             )
-            if options.onnx.optimize != "none":
-                export.optimize_onnx(onnx_path, options.onnx.optimize, loaded.recipe.model)
     if options.graph_module.enabled:
         if loaded.graph_module_passes:
             with stage("graph_module_passes"):
@@ -234,10 +243,14 @@ def _validate_artifacts(
     from aot import export
 
     onnx_path = staging / "model.onnx"
+    if onnx_path.is_file() and loaded.recipe.export.onnx.optimize != "none":
+        with stage("optimize_onnx"):  # after the in-memory models are gone: it loads the ONNX weights whole
+            export.optimize_onnx(onnx_path, loaded.recipe.export.onnx.optimize, loaded.recipe.model)
     if onnx_path.is_file():
         with stage("validate_onnx"):
             report.validation += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
             export.release_sessions()
+        _release_freed_memory()
     if (staging / "graph_module").is_dir():
         with stage("validate_graph_module"):
             saved = export.load(staging / "graph_module")

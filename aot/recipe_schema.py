@@ -177,10 +177,11 @@ class OnnxSpec(_Toggle):
         description="`always`: weights in model.onnx.data beside model.onnx (faster export, half the peak "
         "memory); `auto`: only past protobuf's 2 GiB limit.",
     )
-    optimize: Literal["none", "transformer"] = Field(
+    optimize: Literal["none", "ort_fusions", "transformer"] = Field(
         "none",
-        description="ONNX-level stage after export: `transformer` applies ONNX Runtime's transformer fusions "
-        "(attention, skip-layernorm, bias-gelu); validated like any pass.",
+        description="ONNX-level stage after export, validated like any pass: `ort_fusions` applies onnxscript's "
+        "rewrite rules for ONNX Runtime (attention, skip-layernorm, bias-gelu); `transformer` applies ONNX "
+        "Runtime's own transformer optimizer fusions.",
     )
 
 

@@ -134,10 +134,22 @@ def _dynamic_shapes(inputs: dict[str, torch.Tensor], dynamic_dims: dict[str, dic
     return shapes
 
 
+@contextlib.contextmanager
+def quiet_exporter_logs():
+    """The exporter logs warnings about optional torchvision ops on every call; they are noise here."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        registration.setLevel(level)
+
+
 def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize):
     captured = io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(captured):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(captured), quiet_exporter_logs():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 gm,

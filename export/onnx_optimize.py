@@ -35,8 +35,10 @@ def optimize_onnx(path: Path, level: str, model_spec: Any = None) -> list[Path]:
     path = Path(path)
     if level == "none":
         return [path]
+    if level == "ort_fusions":
+        return _onnxscript_ort_fusions(path)
     if level != "transformer":
-        raise ExportError(f"ONNX optimisation level {level!r} is not one of: none, transformer")
+        raise ExportError(f"ONNX optimisation level {level!r} is not one of: none, ort_fusions, transformer")
     from onnxruntime.transformers import optimizer
 
     config = dict(getattr(model_spec, "config", None) or {})
@@ -61,6 +63,36 @@ def optimize_onnx(path: Path, level: str, model_spec: Any = None) -> list[Path]:
             onnx.checker.check_model(str(staged), full_check=True)
         except Exception as error:
             raise ExportError(f"{path.name}: onnx.checker rejects the optimised model: {str(error).splitlines()[0]}") from None
+        written = []
+        for produced in sorted(staging.iterdir()):
+            os.replace(produced, path.parent / produced.name)
+            written.append(path.parent / produced.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [path] + [item for item in written if item != path]
+
+
+def _onnxscript_ort_fusions(path: Path) -> list[Path]:
+    """onnxscript's rewriter rules for ONNX Runtime (SDPA/MHA, skip-layernorm, bias-gelu...), in place."""
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    data_file = path.parent / f"{path.name}.data"
+    external = data_file.is_file()
+    try:
+        model = ir.load(str(path))
+        fused, counts = optimize_for_ort(model)
+    except Exception as error:
+        raise ExportError(f"{path.name}: onnxscript's ONNX Runtime fusions fail: {type(error).__name__}: {error}") from None
+    logger.info("%s: onnxscript fusions %s", path.name, {k: v for k, v in counts.items() if v})
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        staged = staging / path.name
+        ir.save(fused, str(staged), external_data=data_file.name if external else None)
+        try:
+            onnx.checker.check_model(str(staged), full_check=True)
+        except Exception as error:
+            raise ExportError(f"{path.name}: onnx.checker rejects the fused model: {str(error).splitlines()[0]}") from None
         written = []
         for produced in sorted(staging.iterdir()):
             os.replace(produced, path.parent / produced.name)
