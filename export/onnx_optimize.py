@@ -1,4 +1,11 @@
-"""ONNX-level optimisation after export: ONNX Runtime's transformer fusions.
+"""ONNX-level optimisation after export: fusions into ONNX Runtime's contrib ops.
+
+``level="ort_fusions"`` runs onnxscript's rewrite rules for ONNX Runtime
+(``onnxscript.rewriter.ort_fusions.optimize_for_ort``): scaled-dot-product
+attention into ``MultiHeadAttention``, residual add + LayerNorm into
+``SkipLayerNormalization``, bias + erf-GELU into ``BiasGelu``. On BERT-base it
+took ONNX Runtime from 1.28x to 1.40x eager at batch 1 (1.15x to 1.31x at
+batch 8) in one interleaved run here.
 
 ``level="transformer"`` runs ``onnxruntime.transformers.optimizer.optimize_model``
 with ``opt_level=0`` (its Python fusions only: attention, skip-layernorm,
@@ -17,6 +24,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import onnx
@@ -55,21 +63,9 @@ def optimize_onnx(path: Path, level: str, model_spec: Any = None) -> list[Path]:
         raise ExportError(f"{path.name}: ONNX Runtime's transformer optimizer fails: {type(error).__name__}: {error}") from None
     logger.info("%s: transformer fusions %s", path.name, optimized.get_fused_operator_statistics())
     external = optimized.model.ByteSize() > EXTERNAL_DATA_THRESHOLD if _fits_protobuf(optimized.model) else True
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        staged = staging / path.name
-        optimized.save_model_to_file(str(staged), use_external_data_format=external, all_tensors_to_one_file=True)
-        try:
-            onnx.checker.check_model(str(staged), full_check=True)
-        except Exception as error:
-            raise ExportError(f"{path.name}: onnx.checker rejects the optimised model: {str(error).splitlines()[0]}") from None
-        written = []
-        for produced in sorted(staging.iterdir()):
-            os.replace(produced, path.parent / produced.name)
-            written.append(path.parent / produced.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return [path] + [item for item in written if item != path]
+    return _replace_checked(
+        path, lambda staged: optimized.save_model_to_file(str(staged), use_external_data_format=external, all_tensors_to_one_file=True)
+    )
 
 
 def _onnxscript_ort_fusions(path: Path) -> list[Path]:
@@ -85,14 +81,19 @@ def _onnxscript_ort_fusions(path: Path) -> list[Path]:
     except Exception as error:
         raise ExportError(f"{path.name}: onnxscript's ONNX Runtime fusions fail: {type(error).__name__}: {error}") from None
     logger.info("%s: onnxscript fusions %s", path.name, {k: v for k, v in counts.items() if v})
+    return _replace_checked(path, lambda staged: ir.save(fused, str(staged), external_data=data_file.name if external else None))
+
+
+def _replace_checked(path: Path, write: Callable[[Path], None]) -> list[Path]:
+    """``write`` the new model into a staging directory, check it, then move its files over ``path``'s."""
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         staged = staging / path.name
-        ir.save(fused, str(staged), external_data=data_file.name if external else None)
+        write(staged)
         try:
             onnx.checker.check_model(str(staged), full_check=True)
         except Exception as error:
-            raise ExportError(f"{path.name}: onnx.checker rejects the fused model: {str(error).splitlines()[0]}") from None
+            raise ExportError(f"{path.name}: onnx.checker rejects the optimised model: {str(error).splitlines()[0]}") from None
         written = []
         for produced in sorted(staging.iterdir()):
             os.replace(produced, path.parent / produced.name)

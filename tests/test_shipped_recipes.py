@@ -103,3 +103,18 @@ def test_bert_builds_byte_identical_in_two_processes(builds, tmp_path):
     assert _without_timings(first_manifest) == _without_timings(second_manifest)
     for relative in first_manifest["artifacts"]:
         assert (builds["bert.yaml"] / relative).read_bytes() == (second / relative).read_bytes(), relative
+
+
+def test_bert_onnx_shows_the_optimisations(builds):
+    graph = onnx.load(str(builds["bert.yaml"] / "model.onnx"), load_external_data=False).graph
+    op_types = [node.op_type for node in graph.node]
+    assert op_types, "the ONNX graph must hold nodes"
+    # merge_linears: one MatMul for Q, K and V, so four per layer (QKV, attention output, two FFN).
+    assert op_types.count("MatMul") == 4 * 12, sorted(set(op_types))
+    # optimize: ort_fusions
+    assert op_types.count("MultiHeadAttention") == 12
+    assert op_types.count("SkipLayerNormalization") == 24
+    assert op_types.count("BiasGelu") == 12
+    manifest = json.loads((builds["bert.yaml"] / "manifest.json").read_text())
+    prepack = next(p for p in manifest["passes"] if p["name"] == "prepack_linear_weights")
+    assert prepack["changed"] == 12 * 4 + 1, prepack  # every nn.Linear of the encoder, plus the pooler

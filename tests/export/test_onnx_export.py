@@ -67,6 +67,13 @@ def test_onnx_matches_eager_with_named_dynamic_axes(tmp_path, key):
         optimize_onnx(path, "transformer", None)
         assert _op_types(path)["SkipLayerNormalization"] > 0
         _assert_matches_eager(model, path, inputs, f"{key} optimised")
+    if key == "bert_fx":  # the recipe's `optimize: ort_fusions` stage
+        assert "MultiHeadAttention" not in _op_types(path)
+        optimize_onnx(path, "ort_fusions", None)
+        fused = _op_types(path)
+        assert fused.get("SkipLayerNormalization", 0) > 0, fused
+        onnx.checker.check_model(str(path), full_check=True)
+        _assert_matches_eager(model, path, inputs, f"{key} fused")
 
 
 def _op_types(path) -> dict[str, int]:
