@@ -23,6 +23,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from ._modules import delete_if_unreferenced, get_attribute
+from .base import Transformation
 
 _aten = torch.ops.aten
 _TRAINING_OPS = (_aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats, _aten._native_batch_norm_legit_functional.default)
@@ -114,3 +115,35 @@ def fold(mean, var, eps, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
 def single_user(node: Node) -> Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
+
+
+class BatchNormFusion(Transformation):
+    """The loop both batch-norm fusions share: match each batch norm, count it, fuse it or say why not.
+
+    Subclasses set ``batch_norm_class`` and implement ``_fuse``, which returns ``None``
+    when it fused and the reason otherwise.
+    """
+
+    batch_norm_class: type[nn.Module]
+    preserves_computation = True
+
+    def transform(self, graph_module: GraphModule) -> GraphModule:
+        for node in list(graph_module.graph.nodes):
+            if node._erased:
+                continue  # erased by an earlier fusion
+            batch_norm = match_batch_norm(graph_module, node, self.batch_norm_class)
+            if batch_norm is None:
+                continue
+            self.report.matched += 1
+            if isinstance(batch_norm, str):
+                self.note(batch_norm)
+                continue
+            reason = self._fuse(graph_module, batch_norm)
+            if reason:
+                self.note(reason)
+            else:
+                self.report.changed += 1
+        return graph_module
+
+    def _fuse(self, graph_module: GraphModule, batch_norm: BatchNorm) -> str | None:
+        raise NotImplementedError

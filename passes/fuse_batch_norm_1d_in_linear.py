@@ -33,39 +33,20 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from ._batch_norm import BatchNorm, match_batch_norm
+from ._batch_norm import BatchNorm, BatchNormFusion
 from ._layers import set_layer_parameters
 from ._modules import get_attribute
 from ._nodes import tensor_val
-from .base import Transformation
 from .registry import register_pass
 
 _aten = torch.ops.aten
 
 
 @register_pass("fuse_batch_norm_1d_in_linear")
-class FuseBatchNorm1dInLinear(Transformation):
+class FuseBatchNorm1dInLinear(BatchNormFusion):
     """Fuses an inference-mode BatchNorm1d into the Linear before or after it."""
 
-    preserves_computation = True
-
-    def transform(self, graph_module: GraphModule) -> GraphModule:
-        for node in list(graph_module.graph.nodes):
-            if node._erased:
-                continue  # erased by an earlier fusion
-            batch_norm = match_batch_norm(graph_module, node, nn.BatchNorm1d)
-            if batch_norm is None:
-                continue
-            self.report.matched += 1
-            if isinstance(batch_norm, str):
-                self.note(batch_norm)
-                continue
-            reason = self._fuse(graph_module, batch_norm)
-            if reason:
-                self.note(reason)
-            else:
-                self.report.changed += 1
-        return graph_module
+    batch_norm_class = nn.BatchNorm1d
 
     def _fuse(self, graph_module: GraphModule, batch_norm: BatchNorm) -> str | None:
         val = tensor_val(batch_norm.input)

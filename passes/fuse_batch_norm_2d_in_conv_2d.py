@@ -31,10 +31,9 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from ._batch_norm import BatchNorm, match_batch_norm
+from ._batch_norm import BatchNorm, BatchNormFusion
 from ._layers import set_layer_parameters
 from ._modules import get_attribute
-from .base import Transformation
 from .registry import register_pass
 
 _aten = torch.ops.aten
@@ -42,28 +41,10 @@ _CONV_OPS = (_aten.conv2d.default, _aten.conv2d.padding, _aten.convolution.defau
 
 
 @register_pass("fuse_batch_norm_2d_in_conv_2d")
-class FuseBatchNorm2dInConv2d(Transformation):
+class FuseBatchNorm2dInConv2d(BatchNormFusion):
     """Fuses an inference-mode BatchNorm2d into the Conv2d that feeds it."""
 
-    preserves_computation = True
-
-    def transform(self, graph_module: GraphModule) -> GraphModule:
-        for node in list(graph_module.graph.nodes):
-            if node._erased:
-                continue  # erased by an earlier fusion
-            batch_norm = match_batch_norm(graph_module, node, nn.BatchNorm2d)
-            if batch_norm is None:
-                continue
-            self.report.matched += 1
-            if isinstance(batch_norm, str):
-                self.note(batch_norm)
-                continue
-            reason = self._fuse(graph_module, batch_norm)
-            if reason:
-                self.note(reason)
-            else:
-                self.report.changed += 1
-        return graph_module
+    batch_norm_class = nn.BatchNorm2d
 
     def _fuse(self, graph_module: GraphModule, batch_norm: BatchNorm) -> str | None:
         conv = batch_norm.input

@@ -23,7 +23,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from ._modules import delete_if_unreferenced
-from ._nodes import argument
+from ._nodes import argument, replace_with
 from .base import Transformation
 from .registry import register_pass
 
@@ -62,8 +62,7 @@ class RemoveDropout(Transformation):
                 self.note(f"node '{node.name}': {reason}")
                 continue
             input_node = node.args[0] if node.args else next(iter(node.kwargs.values()))
-            node.replace_all_uses_with(input_node)
-            graph_module.graph.erase_node(node)
+            replace_with(node, input_node)
             if node.op == "call_module":
                 removed_modules.add(str(node.target))
             self.report.changed += 1

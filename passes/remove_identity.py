@@ -22,6 +22,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from ._modules import delete_if_unreferenced
+from ._nodes import replace_with
 from .base import Transformation
 from .registry import register_pass
 
@@ -48,8 +49,7 @@ class RemoveIdentity(Transformation):
             if len(operands) != 1 or not isinstance(operands[0], Node):
                 self.note(f"node '{node.name}': unexpected arguments")
                 continue
-            node.replace_all_uses_with(operands[0])
-            graph_module.graph.erase_node(node)
+            replace_with(node, operands[0])
             if node.op == "call_module":
                 removed_modules.add(str(node.target))
             self.report.changed += 1
