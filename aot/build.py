@@ -16,7 +16,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,13 +118,22 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
             culprit = _bisect(loaded, model, cases, expected, failed[0]) if loaded.recipe.validate_.bisect else None
             raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
 
+    from aot import export
+
     with staged_directory(target) as staging:
         _write_artifacts(loaded, graph_module, cases, staging, report, stage)
         # Artifacts are validated from disk, as deployed; the in-memory model and graph are no longer
         # needed (the expected outputs are computed), and dropping them keeps the build's peak memory down.
         del model, graph_module
         _release_freed_memory()
-        _validate_artifacts(loaded, cases, expected, staging, report, stage)
+        onnx_path = staging / "model.onnx"
+        if onnx_path.is_file() and loaded.recipe.export.onnx.optimize != "none":
+            with stage("optimize_onnx"):  # after the in-memory models are gone: it loads the ONNX weights whole
+                export.optimize_onnx(onnx_path, loaded.recipe.export.onnx.optimize, loaded.recipe.model)
+        report.validation += validate_artifacts(loaded, cases, expected, staging, stage)
+        failed = [c for c in report.validation if not c.ok]
+        if failed:
+            raise ValidationError(failed[0].summary())
         report.files = describe_files(staging)
         report.stages["total"] = round(time.perf_counter() - started, 3)
         report.memory["peak_rss_mib"] = peak_rss_mib()
@@ -237,28 +246,30 @@ def _write_artifacts(
             export.save_graph_module(graph_module, staging / "graph_module")
 
 
-def _validate_artifacts(
-    loaded: LoadedRecipe, cases: list[ShapeCase], expected: list[dict[str, Any]], staging: Path, report: BuildReport, stage: _Stages
-) -> None:
+def validate_artifacts(
+    loaded: LoadedRecipe,
+    cases: list[ShapeCase],
+    expected: list[dict[str, Any]],
+    directory: Path,
+    stage: Callable[[str], AbstractContextManager[None]] | None = None,
+) -> list[Comparison]:
+    """Compare the ONNX model and the saved GraphModule in ``directory`` with the eager ``expected`` outputs."""
     from aot import export
 
-    onnx_path = staging / "model.onnx"
-    if onnx_path.is_file() and loaded.recipe.export.onnx.optimize != "none":
-        with stage("optimize_onnx"):  # after the in-memory models are gone: it loads the ONNX weights whole
-            export.optimize_onnx(onnx_path, loaded.recipe.export.onnx.optimize, loaded.recipe.model)
+    stage = stage or (lambda name: nullcontext())
+    results: list[Comparison] = []
+    onnx_path = directory / "model.onnx"
     if onnx_path.is_file():
         with stage("validate_onnx"):
-            report.validation += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
+            results += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
             export.release_sessions()
         _release_freed_memory()
-    if (staging / "graph_module").is_dir():
+    if (directory / "graph_module").is_dir():
         with stage("validate_graph_module"):
-            saved = export.load(staging / "graph_module")
-            report.validation += _validate("graph_module", saved, cases, expected, loaded)
+            saved = export.load(directory / "graph_module")
+            results += _validate("graph_module", saved, cases, expected, loaded)
             del saved
-    failed = [c for c in report.validation if not c.ok]
-    if failed:
-        raise ValidationError(failed[0].summary())
+    return results
 
 
 def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:

@@ -6,16 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from aot.errors import IntegrityError, RecipeError, ValidationError
-from aot.build import eager_outputs
+from aot.build import eager_outputs, validate_artifacts
 from aot.inputs import shape_cases
 from aot.manifest import MANIFEST_NAME, read_manifest, sha256_file
 from aot.models import load_model
-from aot.outputs import flatten_outputs
 from aot.recipe import load_recipe
-from aot.validate import Comparison, compare_outputs
+from aot.validate import Comparison
 
 
 @dataclass
@@ -48,8 +45,6 @@ def check_hashes(directory: Path, manifest: dict[str, Any]) -> int:
 
 
 def verify(directory: str | Path, recipe_path: str | Path | None = None) -> VerifyReport:
-    from aot import export
-
     directory = Path(directory)
     if not (directory / MANIFEST_NAME).is_file():
         raise RecipeError(f"{directory}: not an aot build directory (no {MANIFEST_NAME})")
@@ -67,19 +62,8 @@ def verify(directory: str | Path, recipe_path: str | Path | None = None) -> Veri
         raise IntegrityError(f"{source}: recipe changed since the build (sha256 differs from {MANIFEST_NAME})")
     model = load_model(loaded)
     cases = shape_cases(loaded, model)
-    tolerances = loaded.recipe.validate_
-    runners = {}
-    if (directory / "graph_module").is_dir():
-        saved = export.load(directory / "graph_module")
-        runners["graph_module"] = lambda inputs: flatten_outputs(saved(**inputs))
-    if (directory / "model.onnx").is_file():
-        runners["onnx"] = lambda inputs: export.run_onnx(directory / "model.onnx", inputs)
-    for case in cases:
-        want = eager_outputs(model, case.inputs)
-        with torch.no_grad():
-            for artifact, run in runners.items():
-                got = run(case.inputs)
-                report.validation.append(compare_outputs(artifact, case.label, want, got, tolerances.atol, tolerances.rtol))
+    expected = [eager_outputs(model, case.inputs) for case in cases]
+    report.validation = validate_artifacts(loaded, cases, expected, directory)
     failed = [c for c in report.validation if not c.ok]
     if failed:
         raise ValidationError(failed[0].summary())
