@@ -12,8 +12,6 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-import resource
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -26,6 +24,8 @@ import torch
 from aot.capture import capture
 from aot.errors import AotError, ValidationError
 from aot.inputs import ShapeCase, check_input_names, dynamic_axes, shape_cases
+from aot.memory import MemoryWatch, resident_mib
+from aot.forked import ForkedStep
 from aot.manifest import MANIFEST_VERSION, describe_files, tool_versions, write_manifest
 from aot.models import forward_parameters, load_model
 from aot.outdir import staged_directory
@@ -51,6 +51,7 @@ class BuildReport:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
     peak_rss_by_stage: dict[str, float] = field(default_factory=dict)
+    onnx_fusions: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -63,6 +64,7 @@ class BuildReport:
             "ok": self.ok,
             "stages_s": self.stages,
             "passes": [p.to_json() for p in self.passes],
+            "onnx_fusions": self.onnx_fusions,
             "validation": [c.to_json() for c in self.validation],
             "files": self.files,
             "memory": self.memory,
@@ -70,8 +72,8 @@ class BuildReport:
 
 
 class _Stages:
-    def __init__(self, report: BuildReport, progress: Progress | None):
-        self.report, self.progress = report, progress
+    def __init__(self, report: BuildReport, progress: Progress | None, memory: MemoryWatch):
+        self.report, self.progress, self.memory = report, progress, memory
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
@@ -81,7 +83,8 @@ class _Stages:
         yield
         seconds = time.perf_counter() - started
         self.report.stages[stage] = round(self.report.stages.get(stage, 0.0) + seconds, 3)
-        self.report.peak_rss_by_stage[stage] = peak_rss_mib()
+        self.report.peak_rss_by_stage[stage] = self.memory.peak_mib()
+        log.debug("%s: resident %.0f MiB, peak %.0f MiB", stage, resident_mib(), self.report.peak_rss_by_stage[stage])
         log.info("%s done in %.2fs", stage, seconds)
         if self.progress:
             self.progress(stage, "done", seconds)
@@ -96,9 +99,17 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
     loaded = load_recipe(recipe_path)
     target = Path(output) if output is not None else default_output(loaded)
     report = BuildReport(name=loaded.name, output=str(target))
-    stage = _Stages(report, progress)
+    memory = MemoryWatch()
+    try:
+        _build(loaded, target, report, _Stages(report, progress, memory), memory, started)
+    finally:
+        memory.stop()
+    return report
 
-    baseline_rss = peak_rss_mib()
+
+def _build(
+    loaded: LoadedRecipe, target: Path, report: BuildReport, stage: _Stages, memory: MemoryWatch, started: float
+) -> None:
     with stage("load_model"):
         model = load_model(loaded)
         check_input_names(loaded, model)
@@ -111,35 +122,67 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
         report.trace = graph_module.meta.get("trace_report", {})
     with stage("passes"):
         graph_module, report.passes = run_pipeline(graph_module, loaded.passes)
-    with stage("validate_graph"):
-        report.validation = _validate("graph", graph_module, cases, expected, loaded)
-        failed = [c for c in report.validation if not c.ok]
-        if failed:
-            culprit = _bisect(loaded, model, cases, expected, failed[0]) if loaded.recipe.validate_.bisect else None
-            raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
 
     from aot import export
 
+    # The eager model's work is done: its outputs are the reference (a failed validation reloads it to
+    # bisect). Without it the graph module is the sole owner of its copy-on-write weights, so exporting
+    # and saving them copies nothing.
+    del model
+    _release_freed_memory()
     with staged_directory(target) as staging:
-        _write_artifacts(loaded, graph_module, cases, staging, report, stage)
-        # Artifacts are validated from disk, as deployed; the in-memory model and graph are no longer
-        # needed (the expected outputs are computed), and dropping them keeps the build's peak memory down.
-        del model, graph_module
+        (staging / "recipe.yaml").write_text(loaded.text)
+        onnx_export = _start_onnx_export(loaded, graph_module, cases, staging, memory)
+        try:
+            # One core is the child's: two threads here would slow the export, the longest stage, more
+            # than they speed up what runs beside it.
+            with _torch_threads(1 if onnx_export is not None else torch.get_num_threads()), stage("validate_graph"):
+                report.validation = _validate("graph", graph_module, cases, expected, loaded)
+                failed = [c for c in report.validation if not c.ok]
+                if failed:
+                    culprit = _bisect(loaded, cases, expected, failed[0]) if loaded.recipe.validate_.bisect else None
+                    raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
+            with _torch_threads(1 if onnx_export is not None else torch.get_num_threads()):
+                _write_graph_module(loaded, graph_module, staging, report, stage)
+        except BaseException:
+            if onnx_export is not None:
+                onnx_export.cancel()
+            raise
+        if onnx_export is not None:
+            with stage("export_onnx"):  # the wait for the child, beyond the stages that ran beside it
+                report.onnx_fusions = onnx_export.result().fusions
+        # Artifacts are validated from disk, as deployed: the in-memory graph is no longer needed.
+        del graph_module
         _release_freed_memory()
+        log.debug("in-memory graph dropped: resident %.0f MiB", resident_mib())
+        onnx_options = loaded.recipe.export.onnx
         onnx_path = staging / "model.onnx"
-        if onnx_path.is_file() and loaded.recipe.export.onnx.optimize != "none":
-            with stage("optimize_onnx"):  # after the in-memory models are gone: it loads the ONNX weights whole
-                export.optimize_onnx(onnx_path, loaded.recipe.export.onnx.optimize, loaded.recipe.model)
+        if onnx_path.is_file() and onnx_options.optimize == "transformer":
+            with stage("optimize_onnx"):  # ONNX Runtime's optimizer works on files: it loads the weights whole
+                export.optimize_onnx(onnx_path, onnx_options.optimize, loaded.recipe.model, onnx_options.target)
         report.validation += validate_artifacts(loaded, cases, expected, staging, stage)
         failed = [c for c in report.validation if not c.ok]
         if failed:
             raise ValidationError(failed[0].summary())
         report.files = describe_files(staging)
         report.stages["total"] = round(time.perf_counter() - started, 3)
-        report.memory["peak_rss_mib"] = peak_rss_mib()
-        report.memory["peak_over_start_mib"] = round(report.memory["peak_rss_mib"] - baseline_rss, 1)
+        report.memory["start_rss_mib"] = round(memory.start_mib, 1)
+        report.memory["peak_rss_mib"] = memory.peak_mib()
+        report.memory["peak_over_start_mib"] = round(report.memory["peak_rss_mib"] - memory.start_mib, 1)
+        weights = report.memory["weights_mib"] or 1.0
+        report.memory["peak_per_weights"] = round(report.memory["peak_rss_mib"] / weights, 2)
+        report.memory["peak_over_start_per_weights"] = round(report.memory["peak_over_start_mib"] / weights, 2)
         write_manifest(staging, _manifest(loaded, report))
-    return report
+
+
+@contextmanager
+def _torch_threads(count: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _release_freed_memory() -> None:
@@ -149,12 +192,6 @@ def _release_freed_memory() -> None:
     malloc_trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None) if libc_name else None
     if malloc_trim is not None:
         malloc_trim(0)
-
-
-def peak_rss_mib() -> float:
-    """The process's peak resident set so far (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
 def _tensor_bytes(model: torch.nn.Module) -> int:
@@ -191,8 +228,9 @@ def _validate(
     return results
 
 
-def _bisect(loaded: LoadedRecipe, model: torch.nn.Module, cases: list[ShapeCase], expected: list, failure: Comparison) -> str:
+def _bisect(loaded: LoadedRecipe, cases: list[ShapeCase], expected: list, failure: Comparison) -> str:
     """Re-trace and re-run the pipeline pass by pass to name the first pass after which outputs diverge."""
+    model = load_model(loaded)  # the same weights again: the recipe's seed or its files
     index = next(i for i, case in enumerate(cases) if case.label == failure.shape)
     case, want = cases[index], expected[index]
     tolerances = loaded.recipe.validate_
@@ -212,38 +250,52 @@ def _bisect(loaded: LoadedRecipe, model: torch.nn.Module, cases: list[ShapeCase]
     return culprit[0] if culprit else "no single pass reproduces the divergence when re-run"
 
 
-def _write_artifacts(
-    loaded: LoadedRecipe,
-    graph_module: torch.fx.GraphModule,
-    cases: list[ShapeCase],
-    staging: Path,
-    report: BuildReport,
-    stage: _Stages,
+def _start_onnx_export(
+    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, cases: list[ShapeCase], staging: Path, memory: MemoryWatch
+) -> ForkedStep | None:
+    """Start writing model.onnx in a child process; None when the recipe wants no ONNX.
+
+    The child exports the graph as the recipe's passes left it while this process validates
+    the graph and writes the GraphModule artifact (whose own passes, e.g. CPU weight
+    prepacking, produce ops ONNX cannot express). What the exporter and onnxscript cache
+    (the graph, and through it the weights) goes away with the child.
+    """
+    from aot import export
+
+    options = loaded.recipe.export.onnx
+    if not options.enabled:
+        return None
+    output_names = list(_run_graph(graph_module, cases[0]))  # two threads here; the child runs on one
+    return ForkedStep(
+        "export_onnx",
+        lambda: export.write_onnx(
+            graph_module,
+            staging / "model.onnx",
+            cases[0].inputs,
+            dynamic_axes(loaded),
+            opset=options.opset,
+            optimize=options.exporter_optimize,
+            external_data=True if options.external_data == "always" else None,
+            ort_fusions=options.target if options.optimize == "ort_fusions" else None,
+            output_names=output_names,
+        ),
+        on_child=memory.track,
+    )
+
+
+def _write_graph_module(
+    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, staging: Path, report: BuildReport, stage: _Stages
 ) -> None:
     from aot import export
 
-    (staging / "recipe.yaml").write_text(loaded.text)
-    options = loaded.recipe.export
-    # ONNX first: the graph_module-only passes (e.g. CPU weight prepacking) produce ops ONNX cannot express.
-    if options.onnx.enabled:
-        with stage("export_onnx"):
-            onnx_path = staging / "model.onnx"
-            export.export_onnx(
-                graph_module,
-                onnx_path,
-                cases[0].inputs,
-                dynamic_axes(loaded),
-                opset=options.onnx.opset,
-                optimize=options.onnx.exporter_optimize,
-                external_data=True if options.onnx.external_data == "always" else None,
-            )
-    if options.graph_module.enabled:
-        if loaded.graph_module_passes:
-            with stage("graph_module_passes"):
-                graph_module, records = run_pipeline(graph_module, loaded.graph_module_passes)
-                report.passes += records
-        with stage("export_graph_module"):
-            export.save_graph_module(graph_module, staging / "graph_module")
+    if not loaded.recipe.export.graph_module.enabled:
+        return
+    if loaded.graph_module_passes:
+        with stage("graph_module_passes"):
+            graph_module, records = run_pipeline(graph_module, loaded.graph_module_passes)
+            report.passes += records
+    with stage("export_graph_module"):
+        export.save_graph_module(graph_module, staging / "graph_module")
 
 
 def validate_artifacts(
@@ -280,6 +332,7 @@ def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
         "versions": tool_versions(),
         "trace": {key: value for key, value in report.trace.items() if key != "duration_s"},
         "passes": [{k: v for k, v in p.to_json().items() if k != "seconds"} for p in report.passes],
+        "onnx_fusions": report.onnx_fusions,
         "validation": [c.to_json() for c in report.validation],
         "artifacts": report.files,
         # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.

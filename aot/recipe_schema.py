@@ -179,9 +179,14 @@ class OnnxSpec(_Toggle):
     )
     optimize: Literal["none", "ort_fusions", "transformer"] = Field(
         "none",
-        description="ONNX-level stage after export, validated like any pass: `ort_fusions` applies onnxscript's "
-        "rewrite rules for ONNX Runtime (attention, skip-layernorm, bias-gelu); `transformer` applies ONNX "
+        description="ONNX-level stage after export, validated like any pass: `ort_fusions` fuses the graph, in memory "
+        "before it is written, into ONNX Runtime's contrib ops for `target` (attention, bias-gelu); `transformer` applies ONNX "
         "Runtime's own transformer optimizer fusions.",
+    )
+    target: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="Where ONNX Runtime will run the model: `ort_fusions` picks the fusions that are faster there "
+        "(SkipLayerNormalization only on cuda).",
     )
 
 

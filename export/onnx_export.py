@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -24,6 +25,7 @@ import re
 import shutil
 import tempfile
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -33,11 +35,19 @@ import torch.fx
 from aot.errors import ExportError
 from aot.outputs import flatten_outputs
 
+from .ort_fusions import Target, fuse_for_ort
+
 logger = logging.getLogger(__name__)
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2  # bytes of weights; protobuf refuses files over 2 GiB
 _DROPPED_NODE_METADATA = ("pkg.torch.onnx.stack_trace",)
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class OnnxArtifact:
+    paths: list[Path]
+    fusions: dict[str, int] = field(default_factory=dict)
 
 
 def export_onnx(
@@ -49,8 +59,27 @@ def export_onnx(
     *,
     optimize: bool = True,
     external_data: bool | None = None,
+    ort_fusions: Target | None = None,
 ) -> list[Path]:
-    """Write ``path`` (and ``path.data`` for large models); return the written paths.
+    """Write ``path`` (and ``path.data`` for large models); return the written paths. See :func:`write_onnx`."""
+    return write_onnx(
+        gm, path, example_inputs, dynamic_dims, opset, optimize=optimize, external_data=external_data, ort_fusions=ort_fusions
+    ).paths
+
+
+def write_onnx(
+    gm: torch.fx.GraphModule,
+    path: Path,
+    example_inputs: dict[str, torch.Tensor],
+    dynamic_dims: dict[str, dict[int, str]] | None,
+    opset: int = 18,
+    *,
+    optimize: bool = True,
+    external_data: bool | None = None,
+    ort_fusions: Target | None = None,
+    output_names: list[str] | None = None,
+) -> OnnxArtifact:
+    """Write ``path`` (and ``path.data`` for large models); return the written paths and the fusions made.
 
     ``external_data``: ``True`` always writes the weights to ``<name>.data`` (on BERT-base it
     halves the export's peak memory and saves ~4 s, since no 400 MB protobuf is built in
@@ -59,10 +88,15 @@ def export_onnx(
     ``optimize`` runs the exporter's onnxscript optimiser (constant folding, Conv+BatchNormalization
     folding...): about 2 s of the ~15 s a BERT-base export takes on two cores; ONNX Runtime folds
     constants itself when it loads a model, so turning it off costs load time, not correctness.
+
+    ``ort_fusions`` (``"cpu"`` or ``"cuda"``) fuses the graph into ONNX Runtime's contrib ops for that
+    target (:mod:`aot.export.ort_fusions`) in memory, before the one write: the weights are written
+    once and never read back. ``output_names``: the :func:`aot.outputs.flatten_outputs` names of the
+    graph's outputs, when the caller has them; otherwise the graph is run once to find them.
     """
     path = Path(path)
     inputs = _ordered_inputs(gm, example_inputs)
-    output_names = _output_names(gm, inputs)
+    output_names = output_names or _output_names(gm, inputs)
     dynamic_shapes = _dynamic_shapes(inputs, dynamic_dims) if dynamic_dims else None
     program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize)
     produced_opset = program.model.opset_imports.get("", None)
@@ -73,6 +107,13 @@ def export_onnx(
         )
     _check_dynamic_axes(program.model, dynamic_dims or {}, path)
     _drop_unreproducible_metadata(program.model)
+    weights = _ReleasableWeights(program.model)
+    fusions = {}
+    if ort_fusions is not None:
+        try:
+            fusions = fuse_for_ort(program.model, ort_fusions)
+        except Exception as error:
+            raise ExportError(f"{path.name}: ONNX Runtime fusions fail: {type(error).__name__}: {_first_line(error)}") from None
     external = _weight_bytes(program.model) > EXTERNAL_DATA_THRESHOLD if external_data is not True else True
     if external and external_data is False:
         raise ExportError(f"{path.name}: the weights pass protobuf's 2 GiB limit, so they must go to external data")
@@ -92,8 +133,9 @@ def export_onnx(
             written.append(final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        weights.release()
     logger.info("exported %s (opset %d, external data: %s)", path, opset, external)
-    return [path] + [item for item in written if item != path]
+    return OnnxArtifact([path] + [item for item in written if item != path], fusions)
 
 
 def _ordered_inputs(gm: torch.fx.GraphModule, example_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -217,6 +259,40 @@ def _all_nodes(graph):
             for subgraph in subgraphs:
                 if hasattr(subgraph, "inputs") and hasattr(subgraph, "__iter__") and hasattr(subgraph, "initializers"):
                     yield from _all_nodes(subgraph)
+
+
+class _ReleasableWeights:
+    """Initializers that read the GraphModule's tensors only until :meth:`release`.
+
+    The exporter's initializers wrap the GraphModule's own tensors (nothing is
+    copied). onnxscript's rewrite rules are module-level objects whose matchers keep
+    their last match, and with it the rewritten graph, alive after the rewrite; so the
+    graph's values must not hold the weights themselves, or the weights would outlive
+    the export by the rest of the build. Each initializer reads its tensor through a
+    shared cell instead, which is emptied once the model is written.
+    """
+
+    def __init__(self, model) -> None:
+        import onnx_ir as ir
+
+        self._tensors: dict[str, object] = {}
+        for name, value in model.graph.initializers.items():
+            tensor = value.const_value
+            if tensor is None or isinstance(tensor, ir.LazyTensor):
+                continue
+            self._tensors[name] = tensor
+            value.const_value = ir.LazyTensor(
+                functools.partial(self._tensor, name), dtype=tensor.dtype, shape=tensor.shape, name=tensor.name
+            )
+
+    def _tensor(self, name: str):
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise ExportError(f"initializer '{name}' was read after the ONNX model was written")
+        return tensor
+
+    def release(self) -> None:
+        self._tensors.clear()
 
 
 def _weight_bytes(model) -> int:

@@ -1,11 +1,9 @@
-"""ONNX-level optimisation after export: fusions into ONNX Runtime's contrib ops.
+"""ONNX-level optimisation of a written ONNX file, in place and atomically.
 
-``level="ort_fusions"`` runs onnxscript's rewrite rules for ONNX Runtime
-(``onnxscript.rewriter.ort_fusions.optimize_for_ort``): scaled-dot-product
-attention into ``MultiHeadAttention``, residual add + LayerNorm into
-``SkipLayerNormalization``, bias + erf-GELU into ``BiasGelu``. On BERT-base it
-took ONNX Runtime from 1.28x to 1.40x eager at batch 1 (1.15x to 1.31x at
-batch 8) in one interleaved run here.
+``level="ort_fusions"``: :func:`aot.export.ort_fusions.fuse_for_ort`, the fusions
+into ONNX Runtime's contrib ops (MultiHeadAttention, BiasGelu; SkipLayerNormalization
+on CUDA). The build runs the same fusions in memory before its one write
+(``write_onnx(..., ort_fusions=target)``); this entry point is for files.
 
 ``level="transformer"`` runs ``onnxruntime.transformers.optimizer.optimize_model``
 with ``opt_level=0`` (its Python fusions only: attention, skip-layernorm,
@@ -32,6 +30,7 @@ import onnx
 from aot.errors import ExportError
 
 from .onnx_export import EXTERNAL_DATA_THRESHOLD
+from .ort_fusions import Target, fuse_for_ort
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +38,12 @@ logger = logging.getLogger(__name__)
 _MODEL_TYPES = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", "t5": "t5", "bart": "bart", "vit": "vit", "swin": "swin", "clip": "clip"}
 
 
-def optimize_onnx(path: Path, level: str, model_spec: Any = None) -> list[Path]:
+def optimize_onnx(path: Path, level: str, model_spec: Any = None, target: Target = "cpu") -> list[Path]:
     path = Path(path)
     if level == "none":
         return [path]
     if level == "ort_fusions":
-        return _onnxscript_ort_fusions(path)
+        return _ort_fusions(path, target)
     if level != "transformer":
         raise ExportError(f"ONNX optimisation level {level!r} is not one of: none, ort_fusions, transformer")
     from onnxruntime.transformers import optimizer
@@ -68,20 +67,17 @@ def optimize_onnx(path: Path, level: str, model_spec: Any = None) -> list[Path]:
     )
 
 
-def _onnxscript_ort_fusions(path: Path) -> list[Path]:
-    """onnxscript's rewriter rules for ONNX Runtime (SDPA/MHA, skip-layernorm, bias-gelu...), in place."""
+def _ort_fusions(path: Path, target: Target) -> list[Path]:
     import onnx_ir as ir
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
     data_file = path.parent / f"{path.name}.data"
     external = data_file.is_file()
     try:
         model = ir.load(str(path))
-        fused, counts = optimize_for_ort(model)
+        fuse_for_ort(model, target)
     except Exception as error:
-        raise ExportError(f"{path.name}: onnxscript's ONNX Runtime fusions fail: {type(error).__name__}: {error}") from None
-    logger.info("%s: onnxscript fusions %s", path.name, {k: v for k, v in counts.items() if v})
-    return _replace_checked(path, lambda staged: ir.save(fused, str(staged), external_data=data_file.name if external else None))
+        raise ExportError(f"{path.name}: ONNX Runtime fusions fail: {type(error).__name__}: {error}") from None
+    return _replace_checked(path, lambda staged: ir.save(model, str(staged), external_data=data_file.name if external else None))
 
 
 def _replace_checked(path: Path, write: Callable[[Path], None]) -> list[Path]:

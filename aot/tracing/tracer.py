@@ -332,7 +332,9 @@ class HFTracer(torch.fx.Tracer):
         previous = self._evaluating
         self._evaluating = True
         try:
-            with self.fake_mode:
+            # No autograd history on fake values: node.meta["val"] would otherwise keep the eager
+            # model's parameters alive (and so double the build's memory) as long as the graph lives.
+            with self.fake_mode, torch.no_grad():
                 yield
         finally:
             self._evaluating = previous

@@ -67,13 +67,20 @@ def test_onnx_matches_eager_with_named_dynamic_axes(tmp_path, key):
         optimize_onnx(path, "transformer", None)
         assert _op_types(path)["SkipLayerNormalization"] > 0
         _assert_matches_eager(model, path, inputs, f"{key} optimised")
-    if key == "bert_fx":  # the recipe's `optimize: ort_fusions` stage
+    if key == "bert_fx":  # the recipe's `optimize: ort_fusions` stage, for both targets
         assert "MultiHeadAttention" not in _op_types(path)
+        cuda_path = tmp_path / "cuda" / "model.onnx"
+        cuda_path.parent.mkdir()
+        cuda_path.write_bytes(path.read_bytes())
         optimize_onnx(path, "ort_fusions", None)
         fused = _op_types(path)
-        assert fused.get("SkipLayerNormalization", 0) > 0, fused
+        assert fused.get("MultiHeadAttention", 0) > 0 and "SkipLayerNormalization" not in fused, fused
         onnx.checker.check_model(str(path), full_check=True)
         _assert_matches_eager(model, path, inputs, f"{key} fused")
+        optimize_onnx(cuda_path, "ort_fusions", None, target="cuda")
+        fused_for_cuda = _op_types(cuda_path)
+        assert fused_for_cuda.get("SkipLayerNormalization", 0) > 0, fused_for_cuda
+        _assert_matches_eager(model, cuda_path, inputs, f"{key} fused for cuda, run on CPU")
 
 
 def _op_types(path) -> dict[str, int]:

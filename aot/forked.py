@@ -1,0 +1,128 @@
+"""Run one build step in a forked child process, so that nothing it allocates outlives it.
+
+The ONNX export is such a step: torch.export, the ONNX translation and onnxscript's
+rewrite rules keep module-level caches that hold on to the exported graph, and with
+it the GraphModule's weights, for the rest of the process. A forked child shares the
+parent's memory copy-on-write (the weights are not copied), does the work, reports
+back through a pipe and exits, and the operating system takes back everything it held.
+
+The child runs torch single-threaded: the OpenMP runtime's worker threads do not
+survive ``fork`` and a parallel region in the child would wait for them forever. The
+export is Python-bound, so it loses nothing.
+
+Where ``fork`` is missing (Windows) or unsafe (macOS frameworks), the step runs in
+process instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aot.errors import AotError, ExportError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def can_fork() -> bool:
+    return sys.platform == "linux" and hasattr(os, "fork")
+
+
+class ForkedStep:
+    """A step running in a forked child; :meth:`result` waits for it."""
+
+    def __init__(self, step: str, function: Callable[[], Any], on_child: Callable[[int], None] | None = None):
+        self.step = step
+        self._function: Callable[[], Any] | None = None
+        if not can_fork():
+            self._function = function  # run in process, when the result is asked for
+            return
+        read_end, write_end = os.pipe()
+        # Objects alive now are left out of the child's garbage collections: a collection would
+        # write to every object's header and so copy every page of the parent's heap into the child.
+        gc.freeze()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns, never runs the parent's cleanup
+            os.close(read_end)
+            _child(function, write_end)
+        gc.unfreeze()
+        os.close(write_end)
+        self._read_end = read_end
+        if on_child is not None:
+            on_child(self.pid)
+
+    def result(self) -> Any:
+        """The function's result, or its AotError raised again here."""
+        if self._function is not None:
+            return self._function()
+        try:
+            with os.fdopen(self._read_end, "rb") as pipe:
+                payload = pipe.read()
+        finally:
+            _, status = os.waitpid(self.pid, 0)
+        if not payload:
+            raise ExportError(f"{self.step}: the child process died ({_describe(status)}) before it reported")
+        outcome, value = pickle.loads(payload)
+        if outcome == "ok":
+            return value
+        if outcome == "aot":
+            error_type, message = value
+            raise error_type(message)
+        raise ExportError(f"{self.step} failed: {value}")
+
+    def cancel(self) -> None:
+        """Stop the child (the parent failed elsewhere) and reap it."""
+        if self._function is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        with contextlib.suppress(OSError):
+            os.close(self._read_end)
+
+
+def run_forked(step: str, function: Callable[[], T], on_child: Callable[[int], None] | None = None) -> T:
+    """``function()`` in a child process; its result, or its AotError raised again here.
+
+    ``on_child(pid)`` is called once the child runs (memory accounting follows it);
+    an exception that is not an AotError comes back as an ExportError naming ``step``.
+    """
+    return ForkedStep(step, function, on_child).result()
+
+
+def _child(function: Callable[[], Any], write_end: int) -> None:
+    code = 1
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends the child; the parent reports it
+        try:
+            result: tuple[str, Any] = ("ok", function())
+        except AotError as error:
+            result = ("aot", (type(error), str(error)))
+        except Exception as error:  # reported to the parent, which raises it as a failure of the step
+            result = ("error", f"{type(error).__name__}: {error}")
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(pickle.dumps(result))
+        code = 0
+    except BaseException:  # even here the child must not fall back into the parent's code
+        log.exception("forked child failed")
+    finally:
+        os._exit(code)
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.WEXITSTATUS(status)}"
