@@ -230,7 +230,8 @@ def _validate(
 
 def _bisect(loaded: LoadedRecipe, cases: list[ShapeCase], expected: list, failure: Comparison) -> str:
     """Re-trace and re-run the pipeline pass by pass to name the first pass after which outputs diverge."""
-    model = load_model(loaded)  # the same weights again: the recipe's seed or its files
+    with torch.random.fork_rng():  # the same weights again (the recipe's seed or files); the RNG goes on as it was
+        model = load_model(loaded)
     index = next(i for i, case in enumerate(cases) if case.label == failure.shape)
     case, want = cases[index], expected[index]
     tolerances = loaded.recipe.validate_

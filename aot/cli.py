@@ -170,15 +170,19 @@ def _print_bench(report) -> None:
     from rich.table import Table
 
     table = Table(title=f"{report.build}: {report.threads} threads, median of {report.runs} interleaved runs")
+    labels = [",".join(f"{k}={v}" for k, v in shape.shape.items()) for shape in report.shapes]
+    runners = [figures.runner for shape in report.shapes for figures in shape.runners]
+    widths = {"shape": max(map(len, labels), default=5), "runner": max(map(len, runners), default=6)}
     for column in ("shape", "runner", "median ms", "p10 ms", "p90 ms", "vs eager", "peak MiB"):
-        table.add_column(column, justify="left" if column in ("shape", "runner") else "right")
+        # Names are never cut: two peers share a prefix ("ort_torchscript", "ort_torchscript_fused").
+        table.add_column(column, justify="left" if column in widths else "right", no_wrap=True, min_width=widths.get(column))
     for shape in report.shapes:
         label = ",".join(f"{k}={v}" for k, v in shape.shape.items())
         for figures in shape.runners:
             table.add_row(label, figures.runner, f"{figures.median_ms:.2f}", f"{figures.p10_ms:.2f}", f"{figures.p90_ms:.2f}",
                           f"{figures.speedup:.2f}x", "-" if figures.peak_mib is None else f"{figures.peak_mib:.0f}")
             label = ""
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or a file gets whole rows
     console.print(table)
     for peer, reason in report.peer_failures.items():
         console.print(f"peer {peer} could not be built: {reason}")

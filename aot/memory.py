@@ -68,8 +68,13 @@ class MemoryWatch:
         self._sample()
 
     def peak_mib(self) -> float:
+        """The sampled peak, or this process's own ``ru_maxrss`` where that is higher (it counts since start)."""
+        return round(max(self.sampled_peak_mib(), max_rss_mib()), 1)
+
+    def sampled_peak_mib(self) -> float:
+        """The largest sum of this process and its children seen while watching."""
         self._sample()
-        return round(max(self._sampled_peak, max_rss_mib()), 1)
+        return round(self._sampled_peak, 1)
 
     def stop(self) -> None:
         self._stop.set()
