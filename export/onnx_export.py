@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import logging
 import os
@@ -91,7 +90,12 @@ def write_onnx(
 
     ``ort_fusions`` (``"cpu"`` or ``"cuda"``) fuses the graph into ONNX Runtime's contrib ops for that
     target (:mod:`aot.export.ort_fusions`) in memory, before the one write: the weights are written
-    once and never read back. ``output_names``: the :func:`aot.outputs.flatten_outputs` names of the
+    once and never read back.
+
+    The exporter and onnxscript's rewrite rules keep references to the exported graph, and
+    through it to ``gm``'s weights, after this returns (module-level pattern matchers keep their
+    last match; a graph's input bookkeeping keeps the weights it once listed as inputs). The
+    build therefore calls this in a forked child (:mod:`aot.forked`). ``output_names``: the :func:`aot.outputs.flatten_outputs` names of the
     graph's outputs, when the caller has them; otherwise the graph is run once to find them.
     """
     path = Path(path)
@@ -107,7 +111,6 @@ def write_onnx(
         )
     _check_dynamic_axes(program.model, dynamic_dims or {}, path)
     _drop_unreproducible_metadata(program.model)
-    weights = _ReleasableWeights(program.model)
     fusions = {}
     if ort_fusions is not None:
         try:
@@ -133,7 +136,6 @@ def write_onnx(
             written.append(final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        weights.release()
     logger.info("exported %s (opset %d, external data: %s)", path, opset, external)
     return OnnxArtifact([path] + [item for item in written if item != path], fusions)
 
@@ -259,40 +261,6 @@ def _all_nodes(graph):
             for subgraph in subgraphs:
                 if hasattr(subgraph, "inputs") and hasattr(subgraph, "__iter__") and hasattr(subgraph, "initializers"):
                     yield from _all_nodes(subgraph)
-
-
-class _ReleasableWeights:
-    """Initializers that read the GraphModule's tensors only until :meth:`release`.
-
-    The exporter's initializers wrap the GraphModule's own tensors (nothing is
-    copied). onnxscript's rewrite rules are module-level objects whose matchers keep
-    their last match, and with it the rewritten graph, alive after the rewrite; so the
-    graph's values must not hold the weights themselves, or the weights would outlive
-    the export by the rest of the build. Each initializer reads its tensor through a
-    shared cell instead, which is emptied once the model is written.
-    """
-
-    def __init__(self, model) -> None:
-        import onnx_ir as ir
-
-        self._tensors: dict[str, object] = {}
-        for name, value in model.graph.initializers.items():
-            tensor = value.const_value
-            if tensor is None or isinstance(tensor, ir.LazyTensor):
-                continue
-            self._tensors[name] = tensor
-            value.const_value = ir.LazyTensor(
-                functools.partial(self._tensor, name), dtype=tensor.dtype, shape=tensor.shape, name=tensor.name
-            )
-
-    def _tensor(self, name: str):
-        tensor = self._tensors.get(name)
-        if tensor is None:
-            raise ExportError(f"initializer '{name}' was read after the ONNX model was written")
-        return tensor
-
-    def release(self) -> None:
-        self._tensors.clear()
 
 
 def _weight_bytes(model) -> int:
