@@ -133,16 +133,17 @@ def _build(
     with staged_directory(target) as staging:
         (staging / "recipe.yaml").write_text(loaded.text)
         onnx_export = _start_onnx_export(loaded, graph_module, cases, staging, memory)
+        # One core is the child's: two threads here would slow the export, the longest stage, more
+        # than they speed up what runs beside it.
+        threads_beside_export = 1 if onnx_export is not None else torch.get_num_threads()
         try:
-            # One core is the child's: two threads here would slow the export, the longest stage, more
-            # than they speed up what runs beside it.
-            with _torch_threads(1 if onnx_export is not None else torch.get_num_threads()), stage("validate_graph"):
+            with _torch_threads(threads_beside_export), stage("validate_graph"):
                 report.validation = _validate("graph", graph_module, cases, expected, loaded)
                 failed = [c for c in report.validation if not c.ok]
                 if failed:
                     culprit = _bisect(loaded, cases, expected, failed[0]) if loaded.recipe.validate_.bisect else None
                     raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
-            with _torch_threads(1 if onnx_export is not None else torch.get_num_threads()):
+            with _torch_threads(threads_beside_export):
                 _write_graph_module(loaded, graph_module, staging, report, stage)
         except BaseException:
             if onnx_export is not None:

@@ -26,6 +26,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -49,21 +50,9 @@ class OnnxArtifact:
     fusions: dict[str, int] = field(default_factory=dict)
 
 
-def export_onnx(
-    gm: torch.fx.GraphModule,
-    path: Path,
-    example_inputs: dict[str, torch.Tensor],
-    dynamic_dims: dict[str, dict[int, str]] | None,
-    opset: int = 18,
-    *,
-    optimize: bool = True,
-    external_data: bool | None = None,
-    ort_fusions: Target | None = None,
-) -> list[Path]:
-    """Write ``path`` (and ``path.data`` for large models); return the written paths. See :func:`write_onnx`."""
-    return write_onnx(
-        gm, path, example_inputs, dynamic_dims, opset, optimize=optimize, external_data=external_data, ort_fusions=ort_fusions
-    ).paths
+def export_onnx(gm: torch.fx.GraphModule, path: Path, *args: Any, **kwargs: Any) -> list[Path]:
+    """:func:`write_onnx`, returning only the written paths."""
+    return write_onnx(gm, path, *args, **kwargs).paths
 
 
 def write_onnx(
