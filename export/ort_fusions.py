@@ -14,6 +14,8 @@ same fused ops::
     MHA           Reshape/Transpose around SDPA on [B, S, H*D]      -> MultiHeadAttention
     bias-GELU     Gelu(x + b)                                       -> BiasGelu
     skip-LayerNorm LayerNorm(x + residual (+ b))  (CUDA only)       -> SkipLayerNormalization
+    feed-forward  MatMul -> BiasGelu -> MatMul  (CPU only)          -> two half-width blocks, added
+                  (:mod:`aot.export.split_feed_forward`: ONNX Runtime's CPU GEMMs are faster on the halves)
 
 Why no skip-LayerNorm fusion on CPU: profiled in ONNX Runtime 1.31 on BERT-base
 here, one SkipLayerNormalization took 280-340 us, the Add + LayerNormalization
@@ -31,6 +33,8 @@ from typing import Literal
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
+
+from .split_feed_forward import split_feed_forward
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ def fuse_for_ort(model: ir.Model, target: Target = "cpu") -> dict[str, int]:
     counts["sdpa"] = fuse_sdpa(model, apply_shape_inference=True)
     counts["multi_head_attention"] = fuse_mha1(model) + fuse_mha2(model)
     counts["bias_gelu"] = fuse_bias_gelu(model)
+    if target == "cpu":
+        counts["split_feed_forward"] = split_feed_forward(model)
     # The SDPA fusion leaves an onnxscript function behind where no MHA pattern consumed it.
     common_passes.InlinePass()(model)
     common_passes.RemoveUnusedNodesPass()(model)

@@ -109,15 +109,18 @@ def test_bert_onnx_shows_the_optimisations(builds):
     graph = onnx.load(str(builds["bert.yaml"] / "model.onnx"), load_external_data=False).graph
     op_types = [node.op_type for node in graph.node]
     assert op_types, "the ONNX graph must hold nodes"
-    # merge_linears: one MatMul for Q, K and V, so four per layer (QKV, attention output, two FFN).
-    assert op_types.count("MatMul") == 4 * 12, sorted(set(op_types))
+    # merge_linears: one MatMul for Q, K and V; the attention output; the feed-forward block split in
+    # two halves for the cpu target (two MatMuls each): six per layer.
+    assert op_types.count("MatMul") == 6 * 12, sorted(set(op_types))
     # optimize: ort_fusions for the cpu target: attention and bias-GELU fused, residual adds and
     # LayerNormalization left apart (SkipLayerNormalization is slower than them on CPU).
     assert op_types.count("MultiHeadAttention") == 12
-    assert op_types.count("BiasGelu") == 12
+    assert op_types.count("BiasGelu") == 2 * 12
     assert op_types.count("SkipLayerNormalization") == 0
     assert op_types.count("LayerNormalization") == 2 * 12 + 1
     manifest = json.loads((builds["bert.yaml"] / "manifest.json").read_text())
-    assert manifest["onnx_fusions"] == {"erf_gelu": 12, "sdpa": 12, "multi_head_attention": 12, "bias_gelu": 12}
+    assert manifest["onnx_fusions"] == {
+        "erf_gelu": 12, "sdpa": 12, "multi_head_attention": 12, "bias_gelu": 12, "split_feed_forward": 12
+    }
     prepack = next(p for p in manifest["passes"] if p["name"] == "prepack_linear_weights")
     assert prepack["changed"] == 12 * 4 + 1, prepack  # every nn.Linear of the encoder, plus the pooler
