@@ -185,8 +185,8 @@ class OnnxSpec(_Toggle):
     )
     target: Literal["cpu", "cuda"] = Field(
         "cpu",
-        description="Where ONNX Runtime will run the model: `ort_fusions` picks the fusions that are faster there "
-        "(SkipLayerNormalization only on cuda).",
+        description="Where ONNX Runtime will run the model: `ort_fusions` picks the rewrites that are faster there "
+        "(cpu: feed-forward blocks split in two half-width blocks; cuda: SkipLayerNormalization).",
     )
 
 
