@@ -5,6 +5,7 @@ the child takes all of that with it when it exits."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import weakref
 
@@ -37,12 +38,13 @@ def test_the_weights_are_freed_with_the_graph_after_a_forked_export_with_fusions
     weight = weakref.ref(gm.get_submodule("encoder.layer.0.intermediate.dense").weight)
     path = tmp_path / "model.onnx"
     inputs = models.text_inputs(2, 7)
-    written = ForkedStep("export_onnx", lambda: write_onnx(gm, path, inputs, models.TEXT_DIMS, ort_fusions="cpu")).result()
+    export = functools.partial(write_onnx, gm, path, inputs, models.TEXT_DIMS, ort_fusions="cpu")
+    written = ForkedStep("export_onnx", export).result()
     assert written.paths == [path]
     assert written.fusions["multi_head_attention"] == 2, written.fusions  # the rewriter ran on this graph
     stored = sum(numpy_helper.to_array(tensor).nbytes for tensor in onnx.load(str(path)).graph.initializer)
     weights = sum(p.numel() * p.element_size() for p in gm.parameters())
     assert stored >= 0.9 * weights, (stored, weights)  # the weights are in the file (a few fold into constants)
-    del gm
+    del gm, export
     gc.collect()
     assert weight() is None, "the export left a reference to the graph's weights in this process"
