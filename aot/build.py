@@ -23,10 +23,10 @@ import torch
 
 from aot.capture import capture
 from aot.errors import AotError, ValidationError
-from aot.inputs import ShapeCase, check_input_names, dynamic_axes, shape_cases
-from aot.memory import MemoryWatch, resident_mib
 from aot.forked import ForkedStep
+from aot.inputs import ShapeCase, check_input_names, dynamic_axes, shape_cases
 from aot.manifest import MANIFEST_VERSION, describe_files, tool_versions, write_manifest
+from aot.memory import MemoryWatch, resident_mib
 from aot.models import forward_parameters, load_model
 from aot.outdir import staged_directory
 from aot.outputs import flatten_outputs

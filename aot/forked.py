@@ -24,13 +24,11 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from aot.errors import AotError, ExportError
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 def can_fork() -> bool:
@@ -38,7 +36,12 @@ def can_fork() -> bool:
 
 
 class ForkedStep:
-    """A step running in a forked child; :meth:`result` waits for it."""
+    """A step running in a forked child; :meth:`result` waits for it.
+
+    ``on_child(pid)`` is called once the child runs (memory accounting follows it).
+    An AotError in the child is raised again by :meth:`result` with its type and message;
+    any other exception comes back as an ExportError naming ``step``.
+    """
 
     def __init__(self, step: str, function: Callable[[], Any], on_child: Callable[[int], None] | None = None):
         self.step = step
@@ -89,15 +92,6 @@ class ForkedStep:
             os.waitpid(self.pid, 0)
         with contextlib.suppress(OSError):
             os.close(self._read_end)
-
-
-def run_forked(step: str, function: Callable[[], T], on_child: Callable[[int], None] | None = None) -> T:
-    """``function()`` in a child process; its result, or its AotError raised again here.
-
-    ``on_child(pid)`` is called once the child runs (memory accounting follows it);
-    an exception that is not an AotError comes back as an ExportError naming ``step``.
-    """
-    return ForkedStep(step, function, on_child).result()
 
 
 def _child(function: Callable[[], Any], write_end: int) -> None:

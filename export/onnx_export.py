@@ -84,8 +84,10 @@ def write_onnx(
     The exporter and onnxscript's rewrite rules keep references to the exported graph, and
     through it to ``gm``'s weights, after this returns (module-level pattern matchers keep their
     last match; a graph's input bookkeeping keeps the weights it once listed as inputs). The
-    build therefore calls this in a forked child (:mod:`aot.forked`). ``output_names``: the :func:`aot.outputs.flatten_outputs` names of the
-    graph's outputs, when the caller has them; otherwise the graph is run once to find them.
+    build therefore calls this in a forked child (:mod:`aot.forked`).
+
+    ``output_names``: the :func:`aot.outputs.flatten_outputs` names of the graph's outputs, when
+    the caller has them; otherwise the graph is run once to find them.
     """
     path = Path(path)
     inputs = _ordered_inputs(gm, example_inputs)

@@ -1,8 +1,8 @@
 """ONNX-level optimisation of a written ONNX file, in place and atomically.
 
 ``level="ort_fusions"``: :func:`aot.export.ort_fusions.fuse_for_ort`, the fusions
-into ONNX Runtime's contrib ops (MultiHeadAttention, BiasGelu; SkipLayerNormalization
-on CUDA). The build runs the same fusions in memory before its one write
+into ONNX Runtime's contrib ops (MultiHeadAttention, BiasGelu; on CPU the feed-forward
+blocks split in two, on CUDA SkipLayerNormalization). The build runs the same fusions in memory before its one write
 (``write_onnx(..., ort_fusions=target)``); this entry point is for files.
 
 ``level="transformer"`` runs ``onnxruntime.transformers.optimizer.optimize_model``

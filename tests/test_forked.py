@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from aot.errors import ExportError, PassError
-from aot.forked import ForkedStep, can_fork, run_forked
+from aot.forked import ForkedStep, can_fork
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="fork is used on Linux only")
 
 
 def test_the_result_comes_back_and_the_work_happened_elsewhere():
     parent = os.getpid()
-    pid, total = run_forked("sum", lambda: (os.getpid(), float(torch.arange(10.0).sum())))
+    pid, total = ForkedStep("sum", lambda: (os.getpid(), float(torch.arange(10.0).sum()))).result()
     assert pid != parent
     assert total == 45.0
 
@@ -34,7 +34,7 @@ def test_an_aot_error_keeps_its_type_and_message():
         raise PassError("pass 'x' (step 1) failed: boom")
 
     with pytest.raises(PassError, match=r"pass 'x' \(step 1\) failed: boom"):
-        run_forked("passes", fail)
+        ForkedStep("passes", fail).result()
 
 
 def test_any_other_exception_becomes_a_failure_of_the_named_step():
@@ -42,7 +42,7 @@ def test_any_other_exception_becomes_a_failure_of_the_named_step():
         raise KeyError("weights")
 
     with pytest.raises(ExportError, match="export_onnx failed: KeyError: 'weights'"):
-        run_forked("export_onnx", fail)
+        ForkedStep("export_onnx", fail).result()
 
 
 def test_a_child_that_dies_is_reported_with_its_signal():
@@ -50,7 +50,7 @@ def test_a_child_that_dies_is_reported_with_its_signal():
         os.kill(os.getpid(), signal.SIGKILL)
 
     with pytest.raises(ExportError, match="export_onnx: the child process died \\(signal SIGKILL\\)"):
-        run_forked("export_onnx", die)
+        ForkedStep("export_onnx", die).result()
 
 
 def test_cancel_stops_the_child_at_once():
