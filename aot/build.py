@@ -22,10 +22,11 @@ from typing import Any
 import torch
 
 from aot.capture import capture
+from aot.eager_guard import check_after_each_pass
 from aot.errors import AotError, ValidationError
 from aot.forked import ForkedStep
-from aot.inputs import ShapeCase, check_input_names, dynamic_axes, shape_cases
-from aot.manifest import MANIFEST_VERSION, describe_files, tool_versions, write_manifest
+from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, shape_cases
+from aot.manifest import MANIFEST_VERSION, describe_files, hash_files, tool_versions, write_manifest
 from aot.memory import MemoryWatch, resident_mib
 from aot.models import forward_parameters, load_model
 from aot.outdir import staged_directory
@@ -116,20 +117,14 @@ def _build(
     report.memory["weights_mib"] = round(_tensor_bytes(model) / 2**20, 1)
     with stage("make_inputs"):
         cases = shape_cases(loaded, model)
-        expected = [eager_outputs(model, case.inputs) for case in cases]
     with stage("trace"):
         graph_module = capture(loaded, model, cases[0].inputs)
         report.trace = graph_module.meta.get("trace_report", {})
     with stage("passes"):
-        graph_module, report.passes = run_pipeline(graph_module, loaded.passes)
+        # The eager reference is computed after the passes, beside the export: they must leave the model as it was.
+        unchanged_eager_model = check_after_each_pass(model, loaded.passes)
+        graph_module, report.passes = run_pipeline(graph_module, loaded.passes, after_each=unchanged_eager_model)
 
-    from aot import export
-
-    # The eager model's work is done: its outputs are the reference (a failed validation reloads it to
-    # bisect). Without it the graph module is the sole owner of its copy-on-write weights, so exporting
-    # and saving them copies nothing.
-    del model
-    _release_freed_memory()
     with staged_directory(target) as staging:
         (staging / "recipe.yaml").write_text(loaded.text)
         onnx_export = _start_onnx_export(loaded, graph_module, cases, staging, memory)
@@ -137,6 +132,12 @@ def _build(
         # than they speed up what runs beside it.
         threads_beside_export = 1 if onnx_export is not None else torch.get_num_threads()
         try:
+            with _torch_threads(threads_beside_export), stage("eager_outputs"):
+                expected = [eager_outputs(model, case.inputs) for case in cases]
+            # The eager model's work is done: its outputs are the reference (a failed validation reloads
+            # it to bisect). Without it the graph module is the sole owner of its weights.
+            del model
+            _release_freed_memory()
             with _torch_threads(threads_beside_export), stage("validate_graph"):
                 report.validation = _validate("graph", graph_module, cases, expected, loaded)
                 failed = [c for c in report.validation if not c.ok]
@@ -145,6 +146,7 @@ def _build(
                     raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
             with _torch_threads(threads_beside_export):
                 _write_graph_module(loaded, graph_module, staging, report, stage)
+            hashed_beside_export = hash_files(staging)
         except BaseException:
             if onnx_export is not None:
                 onnx_export.cancel()
@@ -159,13 +161,15 @@ def _build(
         onnx_options = loaded.recipe.export.onnx
         onnx_path = staging / "model.onnx"
         if onnx_path.is_file() and onnx_options.optimize == "transformer":
+            from aot import export
+
             with stage("optimize_onnx"):  # ONNX Runtime's optimizer works on files: it loads the weights whole
                 export.optimize_onnx(onnx_path, onnx_options.optimize, loaded.recipe.model, onnx_options.target)
         report.validation += validate_artifacts(loaded, cases, expected, staging, stage)
         failed = [c for c in report.validation if not c.ok]
         if failed:
             raise ValidationError(failed[0].summary())
-        report.files = describe_files(staging)
+        report.files = describe_files(staging, earlier=hashed_beside_export)
         report.stages["total"] = round(time.perf_counter() - started, 3)
         report.memory["start_rss_mib"] = round(memory.start_mib, 1)
         report.memory["peak_rss_mib"] = memory.peak_mib()
@@ -267,7 +271,9 @@ def _start_onnx_export(
     options = loaded.recipe.export.onnx
     if not options.enabled:
         return None
-    output_names = list(_run_graph(graph_module, cases[0]))  # two threads here; the child runs on one
+    # The names do not depend on the shape: the smallest case finds them fastest (two threads here).
+    smallest = min(cases, key=lambda case: sum(t.numel() for t in case.inputs.values() if isinstance(t, torch.Tensor)))
+    output_names = list(_run_graph(graph_module, smallest))
     return ForkedStep(
         "export_onnx",
         lambda: export.write_onnx(
@@ -280,6 +286,7 @@ def _start_onnx_export(
             external_data=True if options.external_data == "always" else None,
             ort_fusions=options.target if options.optimize == "ort_fusions" else None,
             output_names=output_names,
+            dim_ranges=dim_ranges(loaded),
         ),
         on_child=memory.track,
     )

@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import json
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,38 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def describe_files(root: Path) -> dict[str, dict[str, Any]]:
-    """``{relative path: {sha256, bytes}}`` for every file under ``root`` except the manifest."""
-    files = {}
+@dataclass(frozen=True)
+class FileDigest:
+    sha256: str
+    bytes: int
+    mtime_ns: int
+
+
+def hash_files(root: Path, earlier: dict[str, FileDigest] | None = None) -> dict[str, FileDigest]:
+    """The digest of every file under ``root`` except the manifest, by relative path.
+
+    ``earlier``: an earlier answer for the same ``root``. A file it lists with the same size and
+    modification time is not read again (the build hashes the GraphModule artifact while the
+    ONNX export runs, and only the ONNX files after).
+    """
+    earlier = earlier or {}
+    digests = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         relative = path.relative_to(root).as_posix()
-        if relative != MANIFEST_NAME:
-            files[relative] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-    return files
+        if relative == MANIFEST_NAME:
+            continue
+        status = path.stat()
+        known = earlier.get(relative)
+        if known is not None and (known.bytes, known.mtime_ns) == (status.st_size, status.st_mtime_ns):
+            digests[relative] = known
+        else:
+            digests[relative] = FileDigest(sha256_file(path), status.st_size, status.st_mtime_ns)
+    return digests
+
+
+def describe_files(root: Path, earlier: dict[str, FileDigest] | None = None) -> dict[str, dict[str, Any]]:
+    """``{relative path: {sha256, bytes}}`` for every file under ``root`` except the manifest."""
+    return {relative: {"sha256": d.sha256, "bytes": d.bytes} for relative, d in hash_files(root, earlier).items()}
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:

@@ -180,3 +180,43 @@ def test_run_onnx_names_a_missing_input(tmp_path):
     export_onnx(gm, path, models.convnet_inputs(2, 8), CONVNET_DIMS)
     with pytest.raises(ExportError, match="input 'x' is missing"):
         run_onnx(path, {"y": np.zeros((1, 3, 8, 8), dtype=np.float32)})
+
+
+class PositionTable(torch.nn.Module):
+    """Adds a learned table of 8 positions, for sequences of at most 8."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(8, 4))
+
+    def forward(self, x):
+        return x + self.table[: x.shape[1]]
+
+
+def test_bounded_dims_keep_their_names_and_hold_over_their_range(tmp_path):
+    gm = torch.fx.symbolic_trace(PositionTable())
+    path = tmp_path / "model.onnx"
+    dims = {"x": {0: "batch", 1: "sequence"}}
+    export_onnx(gm, path, {"x": torch.randn(2, 5, 4)}, dims, dim_ranges={"batch": (1, 16), "sequence": (2, 8)})
+    assert _dims(onnx.load(path).graph.input[0]) == ["batch", "sequence", 4]
+    for batch, sequence in ((1, 2), (3, 8)):
+        x = torch.randn(batch, sequence, 4)
+        with torch.no_grad():
+            want = gm(x).numpy()
+        np.testing.assert_allclose(run_onnx(path, {"x": x})["output"], want, atol=1e-6)
+
+
+def test_strided_initializers_are_written_row_major(tmp_path):
+    import onnx_ir as ir
+
+    columns = np.arange(24, dtype=np.float32).reshape(4, 6).T  # a transposed view, as the exporter's MatMul weights
+    assert not columns.flags.c_contiguous
+    value = ir.Value(name="w", shape=ir.Shape(columns.shape), type=ir.TensorType(ir.DataType.FLOAT))
+    value.const_value = ir.Tensor(columns, name="w")
+    graph = ir.Graph([], [value], nodes=[], initializers=[value], opset_imports={"": 18}, name="g")
+    model = ir.Model(graph, ir_version=10)
+    onnx_export._contiguous_on_write(model)
+    path = tmp_path / "strided.onnx"
+    ir.save(model, str(path), external_data="strided.onnx.data")
+    written = onnx.numpy_helper.to_array(onnx.load(path).graph.initializer[0], base_dir=str(tmp_path))
+    np.testing.assert_array_equal(written, columns)
