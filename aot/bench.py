@@ -12,6 +12,11 @@ noise hits all contestants alike. For each shape of the grid:
 Peak memory is measured per runner in a fresh process that loads only that
 runner (:mod:`aot.bench_memory`): its peak resident set minus the resident set
 after imports, loading and two calls included. Peers get no memory figure.
+
+On CUDA (a recipe whose ``model.device`` is ``cuda``) every runner runs on the GPU:
+eager and the GraphModule in torch, the ONNX model in ONNX Runtime's CUDA
+provider with inputs and outputs bound in GPU memory; each timing ends with a
+``torch.cuda.synchronize()``. No memory figure is taken there.
 """
 
 from __future__ import annotations
@@ -90,27 +95,64 @@ def _load_build(directory: Path) -> tuple[LoadedRecipe, dict[str, Any]]:
 def _runners(directory: Path, model: torch.nn.Module, threads: int, only: str | None = None) -> dict[str, Runner]:
     from aot import export
 
+    device = _model_device(model)
     # Called as validation calls it: without a KV cache, like the traced graph.
     extra = {"use_cache": False} if "use_cache" in forward_parameters(model) else {}
     runners: dict[str, Runner] = {"eager": lambda inputs: model(**inputs, **extra)}
     if only == "eager":
         return runners
     if (directory / "graph_module").is_dir() and only in (None, "graph_module"):
-        saved = export.load(directory / "graph_module")
+        saved = export.load(directory / "graph_module").to(device)
         runners["graph_module"] = lambda inputs: saved(**inputs)
     onnx_path = directory / "model.onnx"
     if onnx_path.is_file() and only in (None, "onnx"):
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        # Spinning ORT workers would steal the cores torch runs on next: interleaving must be fair.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-        names = [i.name for i in session.get_inputs()]
-        runners["onnx"] = lambda inputs: session.run(None, {n: inputs[n].numpy() for n in names})
+        runners["onnx"] = _onnx_runner(onnx_path, threads, device)
     return runners
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def _onnx_runner(path: Path, threads: int, device: torch.device) -> Runner:
+    """ONNX Runtime on the model's device: on CUDA, inputs and outputs stay in GPU memory, as eager's do."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Spinning ORT workers would steal the cores torch runs on next: interleaving must be fair.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if device.type != "cuda":
+        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return lambda inputs: session.run(None, {n: inputs[n].numpy() for n in names})
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        raise RecipeError(
+            f"{path}: the model runs on {device}, but this ONNX Runtime has no CUDAExecutionProvider (pip install onnxruntime-gpu)"
+        )
+    provider = ("CUDAExecutionProvider", {"device_id": device.index or 0})
+    session = onnxruntime.InferenceSession(str(path), options, providers=[provider])
+    names = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+
+    def run(inputs: dict[str, torch.Tensor]) -> Any:
+        binding = session.io_binding()
+        for name in names:
+            tensor = inputs[name].contiguous()
+            binding.bind_input(
+                name, "cuda", device.index or 0, _numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr()
+            )
+        for name in outputs:
+            binding.bind_output(name, "cuda", device.index or 0)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()
+
+    return run
+
+
+def _numpy_dtype(tensor: torch.Tensor) -> np.dtype:
+    return torch.empty((), dtype=tensor.dtype).numpy().dtype
 
 
 def grid_shapes(loaded: LoadedRecipe, grid: dict[str, list[int]]) -> list[dict[str, int]]:
@@ -138,6 +180,8 @@ def bench(
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     model = load_model(loaded)
+    if peers and _model_device(model).type != "cpu":
+        raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {_model_device(model)}")
     runners = _runners(directory, model, threads)
     tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
     report = BenchReport(
@@ -172,15 +216,20 @@ def _bench_shape(
     tick: Callable[[str], None] | None,
 ) -> ShapeFigures:
     names = list(runners)
+    # CUDA runs asynchronously: a runner's time ends when the GPU has finished its work.
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs.values())
+    finish = torch.cuda.synchronize if on_cuda else (lambda: None)
     for name in names:
         for _ in range(warmup):
             runners[name](inputs)
+    finish()
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(runs):
         rotation = round_index % len(names)
         for name in names[rotation:] + names[:rotation]:
             started = time.perf_counter()
             runners[name](inputs)
+            finish()
             samples[name].append((time.perf_counter() - started) * 1000)
         if tick:
             tick(",".join(f"{k}={v}" for k, v in shape.items()))
@@ -195,7 +244,10 @@ def _bench_shape(
                 p10_ms=round(_percentile(samples[name], 10), 3),
                 p90_ms=round(_percentile(samples[name], 90), 3),
                 speedup=round(eager_median / median, 3),
-                peak_mib=measure_peak_mib(directory, name, shape, threads) if memory and name in ARTIFACT_RUNNERS else None,
+                # Host memory only: a CUDA runner's weights live in GPU memory, which this does not see.
+                peak_mib=measure_peak_mib(directory, name, shape, threads)
+                if memory and name in ARTIFACT_RUNNERS and not on_cuda
+                else None,
             )
         )
     return figures

@@ -33,6 +33,7 @@ from aot.outdir import staged_directory
 from aot.outputs import flatten_outputs
 from aot.pipeline import PassRecord, run_pipeline
 from aot.recipe import LoadedRecipe, load_recipe
+from aot.recipe_schema import Tolerance
 from aot.validate import Comparison, compare_outputs
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def _build(
         onnx_export = _start_onnx_export(loaded, graph_module, cases, staging, memory)
         # One core is the child's: two threads here would slow the export, the longest stage, more
         # than they speed up what runs beside it.
-        threads_beside_export = 1 if onnx_export is not None else torch.get_num_threads()
+        threads_beside_export = 1 if onnx_export is not None and not onnx_export.in_process else torch.get_num_threads()
         try:
             with _torch_threads(threads_beside_export), stage("eager_outputs"):
                 expected = [eager_outputs(model, case.inputs) for case in cases]
@@ -164,7 +165,9 @@ def _build(
             from aot import export
 
             with stage("optimize_onnx"):  # ONNX Runtime's optimizer works on files: it loads the weights whole
-                export.optimize_onnx(onnx_path, onnx_options.optimize, loaded.recipe.model, onnx_options.target)
+                export.optimize_onnx(
+                    onnx_path, onnx_options.optimize, loaded.recipe.model, onnx_options.target, float16=onnx_options.float16
+                )
         report.validation += validate_artifacts(loaded, cases, expected, staging, stage)
         failed = [c for c in report.validation if not c.ok]
         if failed:
@@ -217,9 +220,14 @@ def _run_graph(graph_module: torch.nn.Module, case: ShapeCase) -> dict[str, torc
 
 
 def _validate(
-    artifact: str, runnable: Any, cases: list[ShapeCase], expected: list[dict[str, Any]], loaded: LoadedRecipe
+    artifact: str,
+    runnable: Any,
+    cases: list[ShapeCase],
+    expected: list[dict[str, Any]],
+    loaded: LoadedRecipe,
+    tolerances: Tolerance | None = None,
 ) -> list[Comparison]:
-    tolerances = loaded.recipe.validate_
+    tolerances = tolerances or loaded.recipe.validate_
     results = []
     for case, want in zip(cases, expected):
         try:
@@ -287,6 +295,8 @@ def _start_onnx_export(
             ort_fusions=options.target if options.optimize == "ort_fusions" else None,
             output_names=output_names,
             dim_ranges=dim_ranges(loaded),
+            # The transformer optimizer matches float32 patterns: it converts after its fusions.
+            float16=options.float16 and options.optimize != "transformer",
         ),
         on_child=memory.track,
     )
@@ -322,12 +332,15 @@ def validate_artifacts(
     onnx_path = directory / "model.onnx"
     if onnx_path.is_file():
         with stage("validate_onnx"):
-            results += _validate("onnx", lambda case: export.run_onnx(onnx_path, case.inputs), cases, expected, loaded)
+            onnx_options = loaded.recipe.export.onnx
+            tolerances = loaded.recipe.validate_.float16 if onnx_options.float16 else None
+            run = lambda case: export.run_onnx(onnx_path, case.inputs)  # noqa: E731
+            results += _validate("onnx", run, cases, expected, loaded, tolerances)
             export.release_sessions()
         _release_freed_memory()
     if (directory / "graph_module").is_dir():
         with stage("validate_graph_module"):
-            saved = export.load(directory / "graph_module")
+            saved = export.load(directory / "graph_module").to(loaded.recipe.model.device)
             results += _validate("graph_module", saved, cases, expected, loaded)
             del saved
     return results

@@ -10,8 +10,10 @@ The child runs torch single-threaded: the OpenMP runtime's worker threads do not
 survive ``fork`` and a parallel region in the child would wait for them forever. The
 export is Python-bound, so it loses nothing.
 
-Where ``fork`` is missing (Windows) or unsafe (macOS frameworks), the step runs in
-process instead.
+Where ``fork`` is missing (Windows) or unsafe (macOS frameworks), or where this
+process has initialised CUDA (a forked child cannot use it: "Cannot re-initialize
+CUDA in forked subprocess"), the step runs in process instead, when its result is
+asked for.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ log = logging.getLogger(__name__)
 
 
 def can_fork() -> bool:
-    return sys.platform == "linux" and hasattr(os, "fork")
+    torch = sys.modules.get("torch")
+    cuda_in_use = torch is not None and torch.cuda.is_initialized()
+    return sys.platform == "linux" and hasattr(os, "fork") and not cuda_in_use
 
 
 class ForkedStep:
@@ -46,7 +50,8 @@ class ForkedStep:
     def __init__(self, step: str, function: Callable[[], Any], on_child: Callable[[int], None] | None = None):
         self.step = step
         self._function: Callable[[], Any] | None = None
-        if not can_fork():
+        self.in_process = not can_fork()
+        if self.in_process:
             self._function = function  # run in process, when the result is asked for
             return
         read_end, write_end = os.pipe()

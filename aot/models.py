@@ -33,9 +33,19 @@ def load_model(loaded: LoadedRecipe) -> torch.nn.Module:
         model = _from_config(loaded)
     else:
         model = _from_pretrained(loaded)
-    model = model.to(device=spec.device, dtype=getattr(torch, spec.dtype)).eval()
+    model = model.to(device=_available_device(loaded), dtype=getattr(torch, spec.dtype)).eval()
     log.info("loaded %s with %d parameters", type(model).__name__, sum(p.numel() for p in model.parameters()))
     return model
+
+
+def _available_device(loaded: LoadedRecipe) -> torch.device:
+    try:
+        device = torch.device(loaded.recipe.model.device)
+    except RuntimeError as error:
+        raise loaded.error(("model", "device"), f"'{loaded.recipe.model.device}' is no torch device: {error}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise loaded.error(("model", "device"), f"'{device}' is asked for, but this machine's torch sees no CUDA device")
+    return device
 
 
 def load_tokenizer(loaded: LoadedRecipe) -> Any:

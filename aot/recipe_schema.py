@@ -125,11 +125,25 @@ class TraceSpec(_Strict):
     )
 
 
+class Tolerance(_Strict):
+    """How far an artifact's outputs may be from eager: |a-b| <= atol + rtol*|b|, element by element."""
+
+    atol: float = Field(description="Absolute tolerance.", ge=0)
+    rtol: float = Field(description="Relative tolerance.", ge=0)
+
+
 class ValidateSpec(_Strict):
     """Numerical comparison of every artifact against the eager model."""
 
     atol: float = Field(1e-4, ge=0, description="Absolute tolerance.")
     rtol: float = Field(1e-4, ge=0, description="Relative tolerance: |a-b| <= atol + rtol*|b|.")
+    float16: Tolerance = Field(
+        default_factory=lambda: Tolerance(atol=2e-2, rtol=1e-2),
+        description="Tolerances for a float16 artifact (`export.onnx.precision`) against the float32 eager model: "
+        "float16 keeps 11 significant bits, so each op rounds by up to ~5e-4 of its result, and a deep "
+        "model accumulates that (BERT-base, random weights, max abs error on outputs up to ~4.5: 3e-3 in "
+        "ONNX Runtime on CPU, 1.0e-2 on an H100).",
+    )
     shapes: list[dict[str, int]] = Field(
         default_factory=list,
         description="Extra shapes to check beside the trace-time one, as {dim: size}. Defaults to two shapes "
@@ -186,8 +200,19 @@ class OnnxSpec(_Toggle):
     target: Literal["cpu", "cuda"] = Field(
         "cpu",
         description="Where ONNX Runtime will run the model: `ort_fusions` picks the rewrites that are faster there "
-        "(cpu: feed-forward blocks split in two half-width blocks; cuda: SkipLayerNormalization).",
+        "(cpu: feed-forward blocks split in two half-width blocks; cuda: SkipLayerNormalization), and "
+        "`precision: auto` the number format.",
     )
+    precision: Literal["auto", "float32", "float16"] = Field(
+        "auto",
+        description="Number format of the ONNX model's weights and arithmetic; inputs and outputs keep their "
+        "types. `float16` halves the file and runs on GPU tensor cores; it is validated with "
+        "`validate.float16`'s tolerances. `auto`: float16 for `target: cuda`, float32 for `cpu`.",
+    )
+
+    @property
+    def float16(self) -> bool:
+        return self.precision == "float16" or (self.precision == "auto" and self.target == "cuda")
 
 
 class ExportSpec(_Strict):

@@ -32,6 +32,8 @@ class Comparison:
     ok: bool
     outputs: list[OutputError] = field(default_factory=list)
     problem: str | None = None
+    atol: float | None = None
+    rtol: float | None = None
 
     @property
     def worst(self) -> OutputError | None:
@@ -44,9 +46,10 @@ class Comparison:
         worst = self.worst
         if worst is None:
             return f"{self.artifact} at {self.shape}: no outputs"
+        within = f" (atol {self.atol:g}, rtol {self.rtol:g})" if self.atol is not None and self.rtol is not None else ""
         return (
             f"{self.artifact} at {self.shape}: output '{worst.name}' shape {tuple(worst.shape)} "
-            f"max abs error {worst.max_abs:.3g}, max rel error {worst.max_rel:.3g}"
+            f"max abs error {worst.max_abs:.3g}, max rel error {worst.max_rel:.3g}{within}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -69,12 +72,13 @@ def compare_outputs(
 ) -> Comparison:
     missing = [name for name in expected if name not in actual]
     if missing:
-        return Comparison(artifact, shape, ok=False, problem=f"missing output(s) {', '.join(missing)} (has {', '.join(actual)})")
+        return Comparison(artifact, shape, ok=False, problem=f"missing output(s) {', '.join(missing)} (has {', '.join(actual)})", atol=atol, rtol=rtol)
     outputs = []
     for name, expected_value in expected.items():
         want, got = _as_numpy(expected_value), _as_numpy(actual[name])
         if want.shape != got.shape:
-            return Comparison(artifact, shape, ok=False, outputs=outputs, problem=f"output '{name}' has shape {got.shape}, eager {want.shape}")
+            problem = f"output '{name}' has shape {got.shape}, eager {want.shape}"
+            return Comparison(artifact, shape, ok=False, outputs=outputs, problem=problem, atol=atol, rtol=rtol)
         if want.size == 0:
             outputs.append(OutputError(name, list(want.shape), 0.0, 0.0, True))
             continue
@@ -87,4 +91,4 @@ def compare_outputs(
         relative = difference / np.maximum(np.abs(want64), max(atol, np.finfo(np.float64).tiny))
         ok = bool(np.all(difference <= atol + rtol * np.abs(np.where(finite, want64, 0.0))))
         outputs.append(OutputError(name, list(want.shape), float(difference.max()), float(relative.max()), ok))
-    return Comparison(artifact, shape, ok=all(o.ok for o in outputs), outputs=outputs)
+    return Comparison(artifact, shape, ok=all(o.ok for o in outputs), outputs=outputs, atol=atol, rtol=rtol)

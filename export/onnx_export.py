@@ -38,6 +38,7 @@ import torch.fx
 from aot.errors import ExportError
 from aot.outputs import flatten_outputs
 
+from .onnx_float16 import convert_to_float16
 from .ort_fusions import Target, fuse_for_ort
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ def write_onnx(
     ort_fusions: Target | None = None,
     output_names: list[str] | None = None,
     dim_ranges: dict[str, tuple[int | None, int | None]] | None = None,
+    float16: bool = False,
 ) -> OnnxArtifact:
     """Write ``path`` (and ``path.data`` for large models); return the written paths and the fusions made.
 
@@ -92,6 +94,9 @@ def write_onnx(
 
     ``output_names``: the :func:`aot.outputs.flatten_outputs` names of the graph's outputs, when
     the caller has them; otherwise the graph is run once to find them.
+
+    ``float16``: convert the model to float16 arithmetic after the fusions (which match float32
+    patterns), its float32 inputs and outputs kept (:mod:`aot.export.onnx_float16`).
 
     ``dim_ranges``: ``{dim name: (min, max)}`` for the dynamic dims. With them each dim is one
     ``torch.export.Dim`` shared by every input that has it, bounded as the recipe says, so the
@@ -118,6 +123,11 @@ def write_onnx(
             fusions = fuse_for_ort(program.model, ort_fusions)
         except Exception as error:
             raise ExportError(f"{path.name}: ONNX Runtime fusions fail: {type(error).__name__}: {_first_line(error)}") from None
+    if float16:
+        try:
+            program.model = convert_to_float16(program.model)
+        except Exception as error:
+            raise ExportError(f"{path.name}: float16 conversion fails: {type(error).__name__}: {_first_line(error)}") from None
     external = _weight_bytes(program.model) > EXTERNAL_DATA_THRESHOLD if external_data is not True else True
     if external and external_data is False:
         raise ExportError(f"{path.name}: the weights pass protobuf's 2 GiB limit, so they must go to external data")

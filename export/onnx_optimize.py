@@ -30,6 +30,7 @@ import onnx
 from aot.errors import ExportError
 
 from .onnx_export import EXTERNAL_DATA_THRESHOLD
+from .onnx_float16 import convert_to_float16
 from .ort_fusions import Target, fuse_for_ort
 
 logger = logging.getLogger(__name__)
@@ -38,12 +39,15 @@ logger = logging.getLogger(__name__)
 _MODEL_TYPES = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", "t5": "t5", "bart": "bart", "vit": "vit", "swin": "swin", "clip": "clip"}
 
 
-def optimize_onnx(path: Path, level: str, model_spec: Any = None, target: Target = "cpu") -> list[Path]:
+def optimize_onnx(
+    path: Path, level: str, model_spec: Any = None, target: Target = "cpu", float16: bool = False
+) -> list[Path]:
+    """Rewrite the model at ``path`` in place; ``float16`` converts it after the fusions."""
     path = Path(path)
-    if level == "none":
+    if level == "none" and not float16:
         return [path]
-    if level == "ort_fusions":
-        return _ort_fusions(path, target)
+    if level in ("none", "ort_fusions"):
+        return _ort_fusions(path, target if level == "ort_fusions" else None, float16)
     if level != "transformer":
         raise ExportError(f"ONNX optimisation level {level!r} is not one of: none, ort_fusions, transformer")
     from onnxruntime.transformers import optimizer
@@ -58,6 +62,8 @@ def optimize_onnx(path: Path, level: str, model_spec: Any = None, target: Target
             optimized = optimizer.optimize_model(
                 str(path), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0
             )
+            if float16:
+                optimized.convert_float_to_float16(keep_io_types=True)
     except Exception as error:
         raise ExportError(f"{path.name}: ONNX Runtime's transformer optimizer fails: {type(error).__name__}: {error}") from None
     logger.info("%s: transformer fusions %s", path.name, optimized.get_fused_operator_statistics())
@@ -67,16 +73,22 @@ def optimize_onnx(path: Path, level: str, model_spec: Any = None, target: Target
     )
 
 
-def _ort_fusions(path: Path, target: Target) -> list[Path]:
+def _ort_fusions(path: Path, target: Target | None, float16: bool) -> list[Path]:
     import onnx_ir as ir
 
     data_file = path.parent / f"{path.name}.data"
     external = data_file.is_file()
     try:
         model = ir.load(str(path))
-        fuse_for_ort(model, target)
+        if target is not None:
+            fuse_for_ort(model, target)
     except Exception as error:
         raise ExportError(f"{path.name}: ONNX Runtime fusions fail: {type(error).__name__}: {error}") from None
+    if float16:
+        try:
+            model = convert_to_float16(ir.external_data.load_to_model(model))
+        except Exception as error:
+            raise ExportError(f"{path.name}: float16 conversion fails: {type(error).__name__}: {error}") from None
     return _replace_checked(path, lambda staged: ir.save(model, str(staged), external_data=data_file.name if external else None))
 
 

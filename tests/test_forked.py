@@ -62,3 +62,13 @@ def test_cancel_stops_the_child_at_once():
     assert time.monotonic() - started < 5
     with pytest.raises(ChildProcessError):
         os.waitpid(step.pid, os.WNOHANG)  # already reaped: no zombie left behind
+
+
+def test_a_process_that_uses_cuda_runs_the_step_in_process(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert not can_fork()
+    step = ForkedStep("export_onnx", lambda: os.getpid())
+    assert step.in_process
+    assert step.result() == os.getpid()

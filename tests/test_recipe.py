@@ -75,3 +75,30 @@ def test_published_schema_is_current():
     schema = json.loads(published.read_text())
     assert schema["additionalProperties"] is False
     assert "model" in schema["required"]
+
+
+def test_the_cuda_recipe_loads_and_says_what_it_needs_where_torch_has_no_gpu():
+    from pathlib import Path
+
+    import torch
+
+    from aot.models import load_model
+
+    path = Path(__file__).parents[1] / "recipes" / "bert_cuda.yaml"
+    loaded = load_recipe(path)
+    onnx_options = loaded.recipe.export.onnx
+    assert (onnx_options.target, onnx_options.precision, onnx_options.float16) == ("cuda", "auto", True)
+    assert loaded.recipe.validate_.float16.atol == 2e-2
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the shipped-recipe tests build this recipe")
+    with pytest.raises(RecipeError, match=r"bert_cuda.yaml:\d+: model.device: 'cuda' is asked for, but this machine's torch sees no CUDA device"):
+        load_model(loaded)
+
+
+def test_precision_auto_follows_the_target(write_recipe):
+    cpu = load_recipe(write_recipe()).recipe.export.onnx
+    assert (cpu.target, cpu.float16) == ("cpu", False)
+    forced = load_recipe(write_recipe(TINY_BERT + "export:\n  onnx: {precision: float16}\n")).recipe.export.onnx
+    assert forced.float16
+    cuda32 = load_recipe(write_recipe(TINY_BERT + "export:\n  onnx: {target: cuda, precision: float32}\n")).recipe.export.onnx
+    assert not cuda32.float16

@@ -47,6 +47,9 @@ CHILD = textwrap.dedent(
         import runpy
         load = runpy.run_path(f"{directory}/module.py")["load"]
         model = load(directory)
+        devices = {t.device for inputs in cases for t in inputs.values() if isinstance(t, torch.Tensor)}
+        if len(devices) == 1:
+            model = model.to(devices.pop())  # a CUDA recipe's inputs are on the GPU; weights load on the CPU
         with torch.no_grad():
             results[key] = [model(**inputs) for inputs in cases]
     leaked = sorted(name for name in sys.modules if name.split(".")[0] in BLOCKED)
