@@ -12,7 +12,9 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -125,10 +127,11 @@ def _build(
         # The eager reference is computed after the passes, beside the export: they must leave the model as it was.
         unchanged_eager_model = check_after_each_pass(model, loaded.passes)
         graph_module, report.passes = run_pipeline(graph_module, loaded.passes, after_each=unchanged_eager_model)
+        del unchanged_eager_model  # it holds the model, which must go as soon as its outputs are taken
 
     with staged_directory(target) as staging:
         (staging / "recipe.yaml").write_text(loaded.text)
-        onnx_export = _start_onnx_export(loaded, graph_module, cases, staging, memory)
+        onnx_export = _start_onnx_export(loaded, graph_module, model, cases, staging, memory)
         # One core is the child's: two threads here would slow the export, the longest stage, more
         # than they speed up what runs beside it.
         threads_beside_export = 1 if onnx_export is not None and not onnx_export.in_process else torch.get_num_threads()
@@ -265,14 +268,23 @@ def _bisect(loaded: LoadedRecipe, cases: list[ShapeCase], expected: list, failur
 
 
 def _start_onnx_export(
-    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, cases: list[ShapeCase], staging: Path, memory: MemoryWatch
+    loaded: LoadedRecipe,
+    graph_module: torch.fx.GraphModule,
+    eager_model: torch.nn.Module,
+    cases: list[ShapeCase],
+    staging: Path,
+    memory: MemoryWatch,
 ) -> ForkedStep | None:
     """Start writing model.onnx in a child process; None when the recipe wants no ONNX.
 
-    The child exports the graph as the recipe's passes left it while this process validates
-    the graph and writes the GraphModule artifact (whose own passes, e.g. CPU weight
-    prepacking, produce ops ONNX cannot express). What the exporter and onnxscript cache
-    (the graph, and through it the weights) goes away with the child.
+    The child exports the graph as the recipe's passes left it while this process takes the
+    eager reference outputs, validates the graph and writes the GraphModule artifact (whose own
+    passes, e.g. CPU weight prepacking, produce ops ONNX cannot express). What the exporter and
+    onnxscript cache (the graph, and through it the weights) goes away with the child.
+
+    The graph's weights are copy-on-write clones of the eager model's. The exporter reads them
+    through mutable pointers, which copies a clone unless it is its storage's last owner; so the
+    child first drops its own copy of the eager model's weights (this process keeps its model).
     """
     from aot import export
 
@@ -282,9 +294,14 @@ def _start_onnx_export(
     # The names do not depend on the shape: the smallest case finds them fastest (two threads here).
     smallest = min(cases, key=lambda case: sum(t.numel() for t in case.inputs.values() if isinstance(t, torch.Tensor)))
     output_names = list(_run_graph(graph_module, smallest))
-    return ForkedStep(
-        "export_onnx",
-        lambda: export.write_onnx(
+    parent, eager = os.getpid(), weakref.ref(eager_model)
+
+    def export_onnx() -> Any:
+        model = eager()
+        if os.getpid() != parent and model is not None:
+            model.to(device="meta")
+        del model
+        return export.write_onnx(
             graph_module,
             staging / "model.onnx",
             cases[0].inputs,
@@ -297,9 +314,9 @@ def _start_onnx_export(
             dim_ranges=dim_ranges(loaded),
             # The transformer optimizer matches float32 patterns: it converts after its fusions.
             float16=options.float16 and options.optimize != "transformer",
-        ),
-        on_child=memory.track,
-    )
+        )
+
+    return ForkedStep("export_onnx", export_onnx, on_child=memory.track)
 
 
 def _write_graph_module(

@@ -33,7 +33,7 @@ def fingerprint(model: torch.nn.Module) -> _Fingerprint:
 
 def _address(tensor: torch.Tensor) -> int:
     try:
-        return tensor.data_ptr()
+        return tensor.const_data_ptr()  # data_ptr() would copy a copy-on-write tensor (the traced graph shares them)
     except RuntimeError:  # sparse and other layouts without one storage
         return 0
 

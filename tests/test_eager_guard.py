@@ -54,3 +54,14 @@ def test_a_buffer_updated_in_training_mode_is_a_change():
     before = fingerprint(model)
     model(torch.randn(3, 4))
     assert changed_tensor(model, before) in {"2.num_batches_tracked", "2.running_mean", "2.running_var"}
+
+
+def test_the_fingerprint_leaves_copy_on_write_weights_shared():
+    # The traced graph's weights are lazy clones of the eager model's: reading a mutable address
+    # (data_ptr) would copy every one of them.
+    model = _model()
+    clones = [torch._lazy_clone(p) for p in model.parameters()]
+    assert all(torch._C._is_cow_tensor(p) for p in model.parameters())
+    fingerprint(model)
+    assert all(torch._C._is_cow_tensor(p) for p in model.parameters())
+    assert len(clones) == 6
