@@ -32,8 +32,12 @@ def fingerprint(model: torch.nn.Module) -> _Fingerprint:
 
 
 def _address(tensor: torch.Tensor) -> int:
+    # data_ptr() would copy a copy-on-write tensor (the traced graph's weights are such clones).
+    read_only_address = getattr(tensor, "const_data_ptr", None)  # torch < 2.13 lacks it
     try:
-        return tensor.const_data_ptr()  # data_ptr() would copy a copy-on-write tensor (the traced graph shares them)
+        if read_only_address is not None:
+            return read_only_address()
+        return 0 if torch._C._is_cow_tensor(tensor) else tensor.data_ptr()
     except RuntimeError:  # sparse and other layouts without one storage
         return 0
 
