@@ -16,11 +16,14 @@ same fused ops::
     skip-LayerNorm LayerNorm(x + residual (+ b))  (CUDA only)       -> SkipLayerNormalization
     feed-forward  MatMul -> BiasGelu -> MatMul  (CPU only)          -> two half-width blocks, added
                   (:mod:`aot.export.split_feed_forward`: ONNX Runtime's CPU GEMMs are faster on the halves)
+    norm inputs   Add -> LayerNormalization  (CPU only)             -> Sum -> LayerNormalization
+                  (:mod:`aot.export.sum_into_layer_norm`: keeps ONNX Runtime from fusing them at load)
 
 Why no skip-LayerNorm fusion on CPU: profiled in ONNX Runtime 1.31 on BERT-base
 here, one SkipLayerNormalization took 280-340 us, the Add + LayerNormalization
-it replaces 90 us + ~60 us. On CUDA the fused kernel saves a round trip
-through memory, which is what it was written for.
+it replaces 90 us + ~60 us. ONNX Runtime would still fuse them when it loads the
+model; feeding the norm from a Sum stops that. On CUDA the fused kernel saves a
+round trip through memory, which is what it was written for.
 
 Unknown patterns are left alone: a model without attention or GELU comes out
 with only its constants folded.
@@ -35,6 +38,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from .split_feed_forward import split_feed_forward
+from .sum_into_layer_norm import sum_into_layer_norm
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +71,7 @@ def fuse_for_ort(model: ir.Model, target: Target = "cpu") -> dict[str, int]:
     counts["bias_gelu"] = fuse_bias_gelu(model)
     if target == "cpu":
         counts["split_feed_forward"] = split_feed_forward(model)
+        counts["sum_into_layer_norm"] = sum_into_layer_norm(model)
     # The SDPA fusion leaves an onnxscript function behind where no MHA pattern consumed it.
     common_passes.InlinePass()(model)
     common_passes.RemoveUnusedNodesPass()(model)
