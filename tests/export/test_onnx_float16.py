@@ -63,3 +63,26 @@ def test_build_validates_a_float16_onnx_at_the_float16_tolerances(write_recipe, 
     assert report.onnx_fusions.get("skip_layer_normalization", 0) > 0
     initializer_types, _ = _element_types(tmp_path / "out" / "model.onnx")
     assert onnx.TensorProto.FLOAT16 in initializer_types
+
+
+def test_file_level_stages_convert_after_their_fusions(tmp_path):
+    from aot.export import export_onnx, optimize_onnx
+
+    model = models.tiny_bert()
+    inputs = [models.text_inputs(b, s) for b, s in models.TEXT_SHAPES]
+    gm = models.fx_graph(model, ["input_ids", "attention_mask"])
+    for level in ("transformer", "none"):
+        path = tmp_path / level / "model.onnx"
+        path.parent.mkdir()
+        export_onnx(gm, path, inputs[0], models.TEXT_DIMS)
+        assert onnx.TensorProto.FLOAT16 not in _element_types(path)[0]  # the precondition: exported in float32
+        optimize_onnx(path, level, None, float16=True)
+        initializer_types, output_types = _element_types(path)
+        assert onnx.TensorProto.FLOAT16 in initializer_types, level
+        assert output_types == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT], level
+        for case in inputs:
+            with torch.no_grad():
+                want = flatten_outputs(model(**case))
+            got = run_onnx(path, case)
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name].numpy(), atol=FLOAT16_ATOL, rtol=FLOAT16_RTOL, err_msg=f"{level} {name}")
