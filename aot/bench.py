@@ -21,6 +21,7 @@ provider with inputs and outputs bound in GPU memory; each timing ends with a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import statistics
@@ -141,7 +142,7 @@ def _onnx_runner(path: Path, threads: int, device: torch.device) -> Runner:
         for name in names:
             tensor = inputs[name].contiguous()
             binding.bind_input(
-                name, "cuda", device.index or 0, _numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr()
+                name, "cuda", device.index or 0, _numpy_dtype(tensor.dtype), list(tensor.shape), tensor.data_ptr()
             )
         for name in outputs:
             binding.bind_output(name, "cuda", device.index or 0)
@@ -151,8 +152,9 @@ def _onnx_runner(path: Path, threads: int, device: torch.device) -> Runner:
     return run
 
 
-def _numpy_dtype(tensor: torch.Tensor) -> np.dtype:
-    return torch.empty((), dtype=tensor.dtype).numpy().dtype
+@functools.cache  # called inside the timed region, once per input and call
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty((), dtype=dtype).numpy().dtype
 
 
 def grid_shapes(loaded: LoadedRecipe, grid: dict[str, list[int]]) -> list[dict[str, int]]:
@@ -180,8 +182,9 @@ def bench(
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     model = load_model(loaded)
-    if peers and _model_device(model).type != "cpu":
-        raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {_model_device(model)}")
+    device = _model_device(model)
+    if peers and device.type != "cpu":
+        raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {device}")
     runners = _runners(directory, model, threads)
     tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
     report = BenchReport(

@@ -200,7 +200,8 @@ class OnnxSpec(_Toggle):
     target: Literal["cpu", "cuda"] = Field(
         "cpu",
         description="Where ONNX Runtime will run the model: `ort_fusions` picks the rewrites that are faster there "
-        "(cpu: feed-forward blocks split in two half-width blocks; cuda: SkipLayerNormalization), and "
+        "(cpu: feed-forward blocks split in two half-width blocks, norms fed from a Sum so ONNX Runtime keeps "
+        "them unfused; cuda: SkipLayerNormalization), and "
         "`precision: auto` the number format.",
     )
     precision: Literal["auto", "float32", "float16"] = Field(

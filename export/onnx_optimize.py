@@ -2,8 +2,10 @@
 
 ``level="ort_fusions"``: :func:`aot.export.ort_fusions.fuse_for_ort`, the fusions
 into ONNX Runtime's contrib ops (MultiHeadAttention, BiasGelu; on CPU the feed-forward
-blocks split in two, on CUDA SkipLayerNormalization). The build runs the same fusions in memory before its one write
-(``write_onnx(..., ort_fusions=target)``); this entry point is for files.
+blocks split in two and the norms fed from a Sum, on CUDA SkipLayerNormalization). The
+build runs the same fusions in memory before its one write (``write_onnx(...,
+ort_fusions=target)``); this entry point is for files. ``float16=True`` converts the
+model after the fusions, at any level (:mod:`aot.export.onnx_float16`).
 
 ``level="transformer"`` runs ``onnxruntime.transformers.optimizer.optimize_model``
 with ``opt_level=0`` (its Python fusions only: attention, skip-layernorm,
