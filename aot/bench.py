@@ -39,9 +39,11 @@ from aot.errors import RecipeError
 from aot.bench_memory import measure_peak_mib
 from aot.bench_peers import build_peers
 from aot.inputs import dynamic_axes, make_inputs
-from aot.manifest import MANIFEST_NAME, read_manifest
+from aot.integrity import IntegrityReport, verify_directory
 from aot.models import forward_parameters, load_model, load_tokenizer
-from aot.recipe import LoadedRecipe, load_recipe
+from aot.recipe import LoadedRecipe
+from aot.stages import Progress, Stages
+from aot.validate import recipe_of_build
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +86,15 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-def _load_build(directory: Path) -> tuple[LoadedRecipe, dict[str, Any]]:
-    if not (directory / MANIFEST_NAME).is_file():
-        raise RecipeError(f"{directory}: not an aot build directory (no {MANIFEST_NAME})")
-    manifest = read_manifest(directory)
-    source = Path(manifest["recipe"]["path"])
-    loaded = load_recipe(source if source.is_file() else directory / "recipe.yaml")
-    return loaded, manifest
+def _load_build(directory: Path, expect_sha256: str | None = None) -> tuple[LoadedRecipe, IntegrityReport]:
+    """The build's recipe, once every file of the directory matched its manifest (nothing from it runs before)."""
+    integrity = verify_directory(directory, expect_sha256)
+    return recipe_of_build(directory, integrity.manifest), integrity
 
 
-def _runners(directory: Path, model: torch.nn.Module, threads: int, only: str | None = None) -> dict[str, Runner]:
+def _runners(
+    directory: Path, integrity: IntegrityReport, model: torch.nn.Module, threads: int, only: str | None = None
+) -> dict[str, Runner]:
     from aot import export
 
     device = _model_device(model)
@@ -103,7 +104,8 @@ def _runners(directory: Path, model: torch.nn.Module, threads: int, only: str | 
     if only == "eager":
         return runners
     if (directory / "graph_module").is_dir() and only in (None, "graph_module"):
-        saved = export.load(directory / "graph_module").to(device)
+        # As users load it: module.py's own load(), the text run being the text hashed.
+        saved = export.load_standalone(directory / "graph_module", integrity.sha256_of("graph_module/module.py")).to(device)
         runners["graph_module"] = lambda inputs: saved(**inputs)
     onnx_path = directory / "model.onnx"
     if onnx_path.is_file() and only in (None, "onnx"):
@@ -176,27 +178,35 @@ def bench(
     memory: bool = True,
     tick: Callable[[str], None] | None = None,
     peers: tuple[str, ...] = (),
+    expect_sha256: str | None = None,
+    progress: Progress | None = None,
 ) -> BenchReport:
     directory = Path(directory)
-    loaded, manifest = _load_build(directory)
+    stage = Stages(progress)
+    with stage("check_files"):
+        loaded, integrity = _load_build(directory, expect_sha256)
+    manifest = integrity.manifest
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
-    model = load_model(loaded)
-    device = _model_device(model)
-    if peers and device.type != "cpu":
-        raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {device}")
-    runners = _runners(directory, model, threads)
+    with stage("load_runners"):
+        model = load_model(loaded)
+        device = _model_device(model)
+        if peers and device.type != "cpu":
+            raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {device}")
+        runners = _runners(directory, integrity, model, threads)
     tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
     report = BenchReport(
         build=str(directory), threads=threads, runs=runs, warmup=warmup, build_stages_s=manifest.get("run", {}).get("stages_s", {})
     )
     with tempfile.TemporaryDirectory(prefix="aot-bench-peers-") as workdir:
         if peers:
-            trace_dims = {name: dim.size for name, dim in loaded.recipe.inputs.dims.items()}
-            example = make_inputs(loaded, model, trace_dims, seed=loaded.recipe.model.seed, tokenizer=tokenizer)
-            peer_runners, report.peer_failures = build_peers(peers, model, example, dynamic_axes(loaded), Path(workdir), threads)
-            runners.update(peer_runners)
-        _bench_grid(loaded, model, tokenizer, grid, runners, runs, warmup, memory, tick, report)
+            with stage("build_peers"):
+                trace_dims = {name: dim.size for name, dim in loaded.recipe.inputs.dims.items()}
+                example = make_inputs(loaded, model, trace_dims, seed=loaded.recipe.model.seed, tokenizer=tokenizer)
+                peer_runners, report.peer_failures = build_peers(peers, model, example, dynamic_axes(loaded), Path(workdir), threads)
+                runners.update(peer_runners)
+        with stage("bench"):
+            _bench_grid(loaded, model, tokenizer, grid, runners, runs, warmup, memory, tick, report)
     return report
 
 

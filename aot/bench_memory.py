@@ -36,7 +36,7 @@ def _main(directory: str, runner: str, shape_json: str, threads: str) -> None:
     import aot.export  # noqa: F401  (its imports are no runner's memory either)
 
     torch.set_num_threads(int(threads))
-    loaded, _ = _load_build(Path(directory))
+    loaded, integrity = _load_build(Path(directory))
     tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
     model = load_model(loaded)  # every runner's inputs need it; only eager's figure counts its weights
     inputs = make_inputs(loaded, model, json.loads(shape_json), seed=loaded.recipe.model.seed, tokenizer=tokenizer)
@@ -44,7 +44,7 @@ def _main(directory: str, runner: str, shape_json: str, threads: str) -> None:
     if runner == "eager":
         baseline -= sum(t.numel() * t.element_size() for t in model.parameters()) / 2**20
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak to the present resident set
-    run = _runners(Path(directory), model, int(threads), only=runner)[runner]
+    run = _runners(Path(directory), integrity, model, int(threads), only=runner)[runner]
     with torch.inference_mode():
         run(inputs)
         run(inputs)

@@ -8,15 +8,13 @@ replaced when every stage, artifact validation included, has succeeded.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
+import hashlib
 import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,29 +23,34 @@ import torch
 
 from aot.capture import capture
 from aot.eager_guard import check_after_each_pass
-from aot.errors import AotError, ValidationError
+from aot.errors import ExportError
 from aot.forked import ForkedStep
 from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, shape_cases
 from aot.manifest import MANIFEST_VERSION, describe_files, hash_files, tool_versions, write_manifest
 from aot.memory import MemoryWatch, resident_mib
-from aot.models import forward_parameters, load_model
-from aot.outdir import staged_directory
-from aot.outputs import flatten_outputs
+from aot.models import load_model
+from aot.outdir import check_replaceable, staged_directory
 from aot.pipeline import PassRecord, run_pipeline
 from aot.recipe import LoadedRecipe, load_recipe
-from aot.recipe_schema import Tolerance
-from aot.validate import Comparison, compare_outputs
+from aot.stages import Progress, Stages
+from aot.validate import (
+    Comparison,
+    eager_outputs,
+    raise_on_failure,
+    release_freed_memory,
+    run_module,
+    validate_artifacts,
+    validate_graph,
+)
 
 log = logging.getLogger(__name__)
-
-Progress = Callable[[str, str, float | None], None]
-"""``progress(stage, event, seconds)``: event is "start" or "done"; seconds is set on "done"."""
 
 
 @dataclass
 class BuildReport:
     name: str
     output: str
+    manifest_sha256: str | None = None
     stages: dict[str, float] = field(default_factory=dict)
     passes: list[PassRecord] = field(default_factory=list)
     validation: list[Comparison] = field(default_factory=list)
@@ -66,6 +69,7 @@ class BuildReport:
             "name": self.name,
             "output": self.output,
             "ok": self.ok,
+            "manifest_sha256": self.manifest_sha256,
             "stages_s": self.stages,
             "passes": [p.to_json() for p in self.passes],
             "onnx_fusions": self.onnx_fusions,
@@ -75,23 +79,16 @@ class BuildReport:
         }
 
 
-class _Stages:
-    def __init__(self, report: BuildReport, progress: Progress | None, memory: MemoryWatch):
-        self.report, self.progress, self.memory = report, progress, memory
+def _stages(report: BuildReport, progress: Progress | None, memory: MemoryWatch) -> Stages:
+    """Stages whose times land in the report, with the memory peak noted as each ends."""
 
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        if self.progress:
-            self.progress(stage, "start", None)
-        started = time.perf_counter()
-        yield
-        seconds = time.perf_counter() - started
-        self.report.stages[stage] = round(self.report.stages.get(stage, 0.0) + seconds, 3)
-        self.report.peak_rss_by_stage[stage] = self.memory.peak_mib()
-        log.debug("%s: resident %.0f MiB, peak %.0f MiB", stage, resident_mib(), self.report.peak_rss_by_stage[stage])
-        log.info("%s done in %.2fs", stage, seconds)
-        if self.progress:
-            self.progress(stage, "done", seconds)
+    def note_memory(stage: str) -> None:
+        report.peak_rss_by_stage[stage] = memory.peak_mib()
+        log.debug("%s: resident %.0f MiB, peak %.0f MiB", stage, resident_mib(), report.peak_rss_by_stage[stage])
+
+    stages = Stages(progress, after=note_memory)
+    stages.seconds = report.stages
+    return stages
 
 
 def default_output(loaded: LoadedRecipe) -> Path:
@@ -102,17 +99,18 @@ def build(recipe_path: str | Path, output: str | Path | None = None, progress: P
     started = time.perf_counter()
     loaded = load_recipe(recipe_path)
     target = Path(output) if output is not None else default_output(loaded)
+    check_replaceable(target)  # before any work: aot never deletes what it did not write
     report = BuildReport(name=loaded.name, output=str(target))
     memory = MemoryWatch()
     try:
-        _build(loaded, target, report, _Stages(report, progress, memory), memory, started)
+        _build(loaded, target, report, _stages(report, progress, memory), memory, started)
     finally:
         memory.stop()
     return report
 
 
 def _build(
-    loaded: LoadedRecipe, target: Path, report: BuildReport, stage: _Stages, memory: MemoryWatch, started: float
+    loaded: LoadedRecipe, target: Path, report: BuildReport, stage: Stages, memory: MemoryWatch, started: float
 ) -> None:
     with stage("load_model"):
         model = load_model(loaded)
@@ -130,7 +128,7 @@ def _build(
         del unchanged_eager_model  # it holds the model, which must go as soon as its outputs are taken
 
     with staged_directory(target) as staging:
-        (staging / "recipe.yaml").write_text(loaded.text)
+        _write(lambda path, text: path.write_text(text, encoding="utf-8"), staging / "recipe.yaml", loaded.text)
         onnx_export = _start_onnx_export(loaded, graph_module, model, cases, staging, memory)
         # One core is the child's: two threads here would slow the export, the longest stage, more
         # than they speed up what runs beside it.
@@ -141,13 +139,9 @@ def _build(
             # The eager model's work is done: its outputs are the reference (a failed validation reloads
             # it to bisect). Without it the graph module is the sole owner of its weights.
             del model
-            _release_freed_memory()
+            release_freed_memory()
             with _torch_threads(threads_beside_export), stage("validate_graph"):
-                report.validation = _validate("graph", graph_module, cases, expected, loaded)
-                failed = [c for c in report.validation if not c.ok]
-                if failed:
-                    culprit = _bisect(loaded, cases, expected, failed[0]) if loaded.recipe.validate_.bisect else None
-                    raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
+                report.validation = validate_graph(loaded, graph_module, cases, expected)
             with _torch_threads(threads_beside_export):
                 _write_graph_module(loaded, graph_module, staging, report, stage)
             hashed_beside_export = hash_files(staging)
@@ -160,7 +154,7 @@ def _build(
                 report.onnx_fusions = onnx_export.result().fusions
         # Artifacts are validated from disk, as deployed: the in-memory graph is no longer needed.
         del graph_module
-        _release_freed_memory()
+        release_freed_memory()
         log.debug("in-memory graph dropped: resident %.0f MiB", resident_mib())
         onnx_options = loaded.recipe.export.onnx
         onnx_path = staging / "model.onnx"
@@ -171,11 +165,11 @@ def _build(
                 export.optimize_onnx(
                     onnx_path, onnx_options.optimize, loaded.recipe.model, onnx_options.target, float16=onnx_options.float16
                 )
-        report.validation += validate_artifacts(loaded, cases, expected, staging, stage)
-        failed = [c for c in report.validation if not c.ok]
-        if failed:
-            raise ValidationError(failed[0].summary())
         report.files = describe_files(staging, earlier=hashed_beside_export)
+        # module.py runs as hashed: what the manifest lists is what was validated.
+        sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
+        report.validation += validate_artifacts(loaded, cases, expected, staging, stage, sha256_of)
+        raise_on_failure(report.validation)
         report.stages["total"] = round(time.perf_counter() - started, 3)
         report.memory["start_rss_mib"] = round(memory.start_mib, 1)
         report.memory["peak_rss_mib"] = memory.peak_mib()
@@ -183,7 +177,8 @@ def _build(
         weights = report.memory["weights_mib"] or 1.0
         report.memory["peak_per_weights"] = round(report.memory["peak_rss_mib"] / weights, 2)
         report.memory["peak_over_start_per_weights"] = round(report.memory["peak_over_start_mib"] / weights, 2)
-        write_manifest(staging, _manifest(loaded, report))
+        manifest_path = _write(write_manifest, staging, _manifest(loaded, report))
+        report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
 
 
 @contextmanager
@@ -196,75 +191,9 @@ def _torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _release_freed_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
-    gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    malloc_trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None) if libc_name else None
-    if malloc_trim is not None:
-        malloc_trim(0)
-
-
 def _tensor_bytes(model: torch.nn.Module) -> int:
     tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def eager_outputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The eager reference, called as the tracer calls it: without a KV cache, whose objects are no tensors."""
-    extra = {"use_cache": False} if "use_cache" in forward_parameters(model) and "use_cache" not in inputs else {}
-    with torch.no_grad():
-        return flatten_outputs(model(**inputs, **extra))
-
-
-def _run_graph(graph_module: torch.nn.Module, case: ShapeCase) -> dict[str, torch.Tensor]:
-    with torch.no_grad():
-        return flatten_outputs(graph_module(**case.inputs))
-
-
-def _validate(
-    artifact: str,
-    runnable: Any,
-    cases: list[ShapeCase],
-    expected: list[dict[str, Any]],
-    loaded: LoadedRecipe,
-    tolerances: Tolerance | None = None,
-) -> list[Comparison]:
-    tolerances = tolerances or loaded.recipe.validate_
-    results = []
-    for case, want in zip(cases, expected):
-        try:
-            got = runnable(case) if callable(runnable) and not isinstance(runnable, torch.nn.Module) else _run_graph(runnable, case)
-        except AotError:
-            raise
-        except Exception as error:
-            results.append(Comparison(artifact, case.label, ok=False, problem=f"failed to run: {type(error).__name__}: {error}"))
-            continue
-        results.append(compare_outputs(artifact, case.label, want, got, tolerances.atol, tolerances.rtol))
-    return results
-
-
-def _bisect(loaded: LoadedRecipe, cases: list[ShapeCase], expected: list, failure: Comparison) -> str:
-    """Re-trace and re-run the pipeline pass by pass to name the first pass after which outputs diverge."""
-    with torch.random.fork_rng():  # the same weights again (the recipe's seed or files); the RNG goes on as it was
-        model = load_model(loaded)
-    index = next(i for i, case in enumerate(cases) if case.label == failure.shape)
-    case, want = cases[index], expected[index]
-    tolerances = loaded.recipe.validate_
-    graph_module = capture(loaded, model, cases[0].inputs)
-    if not compare_outputs("trace", case.label, want, _run_graph(graph_module, case), tolerances.atol, tolerances.rtol).ok:
-        return "outputs already diverge right after tracing, before any pass"
-    culprit: list[str] = []
-
-    def check(step: int, current: torch.fx.GraphModule) -> None:
-        if culprit:
-            return
-        result = compare_outputs("graph", case.label, want, _run_graph(current, case), tolerances.atol, tolerances.rtol)
-        if not result.ok:
-            culprit.append(f"outputs first diverged after pass '{loaded.passes[step].name}' (step {step + 1}): {result.summary()}")
-
-    run_pipeline(graph_module, loaded.passes, after_each=check)
-    return culprit[0] if culprit else "no single pass reproduces the divergence when re-run"
 
 
 def _start_onnx_export(
@@ -293,7 +222,7 @@ def _start_onnx_export(
         return None
     # The names do not depend on the shape: the smallest case finds them fastest (two threads here).
     smallest = min(cases, key=lambda case: sum(t.numel() for t in case.inputs.values() if isinstance(t, torch.Tensor)))
-    output_names = list(_run_graph(graph_module, smallest))
+    output_names = list(run_module(graph_module, smallest))
     parent, eager = os.getpid(), weakref.ref(eager_model)
 
     def export_onnx() -> Any:
@@ -320,7 +249,7 @@ def _start_onnx_export(
 
 
 def _write_graph_module(
-    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, staging: Path, report: BuildReport, stage: _Stages
+    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, staging: Path, report: BuildReport, stage: Stages
 ) -> None:
     from aot import export
 
@@ -332,35 +261,6 @@ def _write_graph_module(
             report.passes += records
     with stage("export_graph_module"):
         export.save_graph_module(graph_module, staging / "graph_module")
-
-
-def validate_artifacts(
-    loaded: LoadedRecipe,
-    cases: list[ShapeCase],
-    expected: list[dict[str, Any]],
-    directory: Path,
-    stage: Callable[[str], AbstractContextManager[None]] | None = None,
-) -> list[Comparison]:
-    """Compare the ONNX model and the saved GraphModule in ``directory`` with the eager ``expected`` outputs."""
-    from aot import export
-
-    stage = stage or (lambda name: nullcontext())
-    results: list[Comparison] = []
-    onnx_path = directory / "model.onnx"
-    if onnx_path.is_file():
-        with stage("validate_onnx"):
-            onnx_options = loaded.recipe.export.onnx
-            tolerances = loaded.recipe.validate_.float16 if onnx_options.float16 else None
-            run = lambda case: export.run_onnx(onnx_path, case.inputs)  # noqa: E731
-            results += _validate("onnx", run, cases, expected, loaded, tolerances)
-            export.release_sessions()
-        _release_freed_memory()
-    if (directory / "graph_module").is_dir():
-        with stage("validate_graph_module"):
-            saved = export.load(directory / "graph_module").to(loaded.recipe.model.device)
-            results += _validate("graph_module", saved, cases, expected, loaded)
-            del saved
-    return results
 
 
 def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
@@ -383,3 +283,11 @@ def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
             "peak_rss_mib_after_stage": report.peak_rss_by_stage,
         },
     }
+
+
+def _write(writer, path: Path, *args):
+    """``writer(path, *args)``, with a full disk or a lost permission reported as an export failure naming the file."""
+    try:
+        return writer(path, *args)
+    except OSError as error:
+        raise ExportError(f"{path}: cannot write: {error.strerror or error}") from None

@@ -2,14 +2,17 @@
 
 Exit codes (also in README.md): 0 success, 1 internal error, 2 bad recipe or
 usage, 3 trace failure, 4 pass failure, 5 validation failure, 6 export
-failure, 7 artifact integrity failure, 130 interrupted.
+failure, 7 artifact integrity failure, 130 interrupted (SIGINT, Ctrl-C), 143
+terminated (SIGTERM). Every failure is one line on stderr; ``--debug`` adds the
+traceback and the logs of the libraries aot drives.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -18,6 +21,20 @@ from typing import Any
 import click
 
 from aot.errors import EXIT_CODES, AotError
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt, so every ``except BaseException``
+    cleanup runs (staging removed, the export child killed) and no ``except Exception`` swallows it."""
+
+    def __init__(self, signal_number: int):
+        super().__init__(signal.Signals(signal_number).name)
+        self.exit_code = 128 + signal_number
+        self.message = "interrupted" if signal_number == signal.SIGINT else f"terminated by {self.args[0]}"
+
+
+def _stop(signal_number: int, frame: Any) -> None:
+    raise Stopped(signal_number)
 
 
 def _echo_error(message: str) -> None:
@@ -35,6 +52,11 @@ def _run(debug: bool, action: Callable[[], Any]) -> Any:
     except KeyboardInterrupt:
         _echo_error("interrupted")
         sys.exit(130)
+    except OSError as error:  # a file aot had to read or write, named by the OS error itself
+        if debug:
+            traceback.print_exc()
+        _echo_error(f"{error.filename or 'I/O'}: {error.strerror or error}" if error.filename else f"I/O error: {error}")
+        sys.exit(2)
     except Exception as error:  # an aot bug: one line by default, the traceback with --debug
         if debug:
             traceback.print_exc()
@@ -42,9 +64,49 @@ def _run(debug: bool, action: Callable[[], Any]) -> Any:
         sys.exit(1)
 
 
-def _stderr_progress(stage: str, event: str, seconds: float | None) -> None:
-    if event == "done" and seconds is not None and seconds >= 1.0:
-        click.echo(f"  {stage:<24} {seconds:6.1f}s", err=True)
+class _StderrProgress:
+    """Stages as they run, on stderr when it is a terminal: a spinner with the elapsed time, and a line
+    per finished stage that took a second or more. Piped or redirected, stderr stays for the error line
+    (``--verbose`` logs each stage there)."""
+
+    def __init__(self) -> None:
+        self._progress = None
+        self._tasks: dict[str, Any] = {}
+        if sys.stderr.isatty():
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                      console=_stderr_console(), transient=True)
+
+    def __call__(self, stage: str, event: str, seconds: float | None) -> None:
+        if self._progress is None:
+            return
+        if event == "start":
+            self._progress.start()
+            self._tasks[stage] = self._progress.add_task(stage, total=None)
+            return
+        task = self._tasks.pop(stage, None)
+        if task is not None:
+            self._progress.remove_task(task)
+        if seconds is not None and seconds >= 1.0:
+            self._progress.console.print(f"  {stage:<24} {seconds:6.1f}s", highlight=False)
+
+    def tick(self, label: str) -> None:
+        """A bench round: shown on the running stage's line."""
+        if self._progress is not None and self._tasks:
+            self._progress.update(next(reversed(self._tasks.values())), description=f"bench {label}")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _with_progress(debug: bool, action: Callable[[_StderrProgress], Any]) -> Any:
+    progress = _StderrProgress()
+    try:
+        return _run(debug, lambda: action(progress))
+    finally:
+        progress.close()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,14 +123,19 @@ def main(context: click.Context, debug: bool, verbose: bool) -> None:
 
 @main.command()
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=str))
-@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str), help="Output directory.")
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str),
+              help="Output directory: new, empty, or an earlier aot build (nothing else is ever replaced).")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
 @click.pass_context
 def build(context: click.Context, recipe: str, output: str | None, as_json: bool) -> None:
     """Build RECIPE: trace, run passes, validate, write artifacts and manifest."""
-    from aot.build import build as run_build
 
-    report = _run(context.obj["debug"], lambda: run_build(recipe, output, progress=_stderr_progress))
+    def run(progress: _StderrProgress) -> Any:
+        from aot.build import build as run_build
+
+        return run_build(recipe, output, progress=progress)
+
+    report = _with_progress(context.obj["debug"], run)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -78,24 +145,55 @@ def build(context: click.Context, recipe: str, output: str | None, as_json: bool
         click.echo(
             f"built {report.name} -> {report.output} in {report.stages.get('total', 0):.1f}s "
             f"({_plural(len(report.passes), 'pass')} run, {changed} changed the graph; "
-            f"validated {_plural(len(report.validation), 'run')} at {_plural(shapes, 'shape')}, max abs error {worst:.2g})"
+            f"validated {_plural(len(report.validation), 'run')} at {_plural(shapes, 'shape')}, max abs error {worst:.2g}); "
+            f"manifest sha256 {report.manifest_sha256}"
         )
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print what was checked as JSON on stdout.")
+@click.pass_context
+def check(context: click.Context, recipe: str, as_json: bool) -> None:
+    """Check RECIPE without building: schema, passes, ranges, files, input names."""
+    from aot.check import check_recipe
+
+    report = _run(context.obj["debug"], lambda: check_recipe(recipe))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo(f"ok: {report.summary()}")
+
+
+_EXPECT_SHA256 = click.option(
+    "--expect-sha256", metavar="HEX",
+    help="The sha256 of manifest.json as its builder published it (aot build prints it): "
+    "proves every file of a directory from elsewhere before anything in it runs.",
+)
 
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.option("--recipe", type=click.Path(dir_okay=False, path_type=str), help="Recipe to rebuild the eager model from.")
+@_EXPECT_SHA256
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
-def validate(context: click.Context, directory: str, recipe: str | None, as_json: bool) -> None:
-    """Re-check a build directory: artifact hashes, then numerics against the eager model."""
-    from aot.verify import verify
+def validate(context: click.Context, directory: str, recipe: str | None, expect_sha256: str | None, as_json: bool) -> None:
+    """Re-check a build directory: every file against the manifest first, then numerics against the eager model."""
 
-    report = _run(context.obj["debug"], lambda: verify(directory, recipe))
+    def run(progress: _StderrProgress) -> Any:
+        from aot.validate import validate_directory
+
+        return validate_directory(directory, recipe, expect_sha256, progress=progress)
+
+    report = _with_progress(context.obj["debug"], run)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        click.echo(f"ok: {report.files_checked} files match the manifest; {len(report.validation)} runs within tolerance")
+        click.echo(
+            f"ok: {report.files_checked} files match the manifest (sha256 {report.manifest_sha256}); "
+            f"{len(report.validation)} runs within tolerance"
+        )
 
 
 def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
@@ -119,15 +217,12 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=str), help="Also draw the speedups as a PNG chart.")
 @click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'all' (+ torch.compile freezing) or a comma list.")
+@_EXPECT_SHA256
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
-def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, as_json) -> None:
+def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, expect_sha256, as_json) -> None:
     """Time eager, the saved GraphModule and ONNX Runtime side by side on TARGET (a build directory or a recipe)."""
     from pathlib import Path
-
-    from rich.progress import Progress
-
-    from aot.bench import bench, draw_chart
 
     from aot.bench_peers import ALL_PEERS, ONNX_PEERS
 
@@ -138,21 +233,21 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
     if unknown:
         raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(ALL_PEERS)}", param_hint="--peers")
 
-    def run():
+    def run(progress: _StderrProgress) -> Any:
+        from aot.bench import bench, draw_chart
+
         directory = target
         if Path(target).is_file():
             from aot.build import build as run_build
 
-            directory = run_build(target, output, progress=_stderr_progress).output
-        with Progress(transient=True, console=_stderr_console()) as progress:
-            task = progress.add_task("benchmarking", total=None)
-            report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
-                           tick=lambda label: progress.update(task, advance=1, description=f"bench {label}"))
+            directory = run_build(target, output, progress=progress).output
+        report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
+                       tick=progress.tick, progress=progress, expect_sha256=expect_sha256)
         if chart:
             draw_chart(report, Path(chart))
         return report
 
-    report = _run(context.obj["debug"], run)
+    report = _with_progress(context.obj["debug"], run)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return
@@ -242,20 +337,31 @@ def _pass_json(info: Any) -> dict[str, Any]:
     }
 
 
-if __name__ == "__main__":
-    main()
-
-
 def entry_point() -> None:
     """The ``aot`` executable: :func:`main`, then exit without tearing the interpreter down.
+
+    Signals and click's own outcomes are mapped here, so that each is one line on stderr with its
+    documented code: a usage error (exit 2), Ctrl-C or SIGINT (130), SIGTERM (143), also while the
+    libraries are still being imported.
 
     Freeing torch, transformers and ONNX Runtime object by object at exit took 1-1.5 s
     after a build here, time in which nothing is left to do: every artifact is written
     and renamed into place before the command returns. Output streams are flushed first.
     """
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signal_number, _stop)
     try:
-        main()
-        code = 0
+        returned = main.main(standalone_mode=False, prog_name="aot")
+        code = returned if isinstance(returned, int) else 0  # --help and --version return theirs
+    except Stopped as stop:
+        _echo_error(stop.message)
+        code = stop.exit_code
+    except click.exceptions.Abort:  # click's word for an interrupt it caught itself
+        _echo_error("interrupted")
+        code = 130
+    except click.ClickException as error:  # usage: a bad option, a path that is a file, ...
+        _echo_error(" ".join(error.format_message().split()))
+        code = error.exit_code
     except SystemExit as exit_request:
         code = exit_request.code
         if code is None:
@@ -270,3 +376,7 @@ def entry_point() -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+if __name__ == "__main__":
+    entry_point()

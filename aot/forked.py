@@ -10,6 +10,10 @@ The child runs torch single-threaded: the OpenMP runtime's worker threads do not
 survive ``fork`` and a parallel region in the child would wait for them forever. The
 export is Python-bound, so it loses nothing.
 
+The child never outlives the parent: it asks the kernel for SIGKILL when the parent dies
+(``PR_SET_PDEATHSIG``, even when the parent itself is SIGKILLed), and the parent kills it
+whenever it stops waiting for it (an error elsewhere, Ctrl-C, SIGTERM).
+
 Where ``fork`` is missing (Windows) or unsafe (macOS frameworks), or where this
 process has initialised CUDA (a forked child cannot use it: "Cannot re-initialize
 CUDA in forked subprocess"), the step runs in process instead, when its result is
@@ -19,6 +23,8 @@ asked for.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import logging
 import os
@@ -50,6 +56,8 @@ class ForkedStep:
     def __init__(self, step: str, function: Callable[[], Any], on_child: Callable[[int], None] | None = None):
         self.step = step
         self._function: Callable[[], Any] | None = None
+        self._read_end: int | None = None
+        self._status: int | None = None
         self.in_process = not can_fork()
         if self.in_process:
             self._function = function  # run in process, when the result is asked for
@@ -58,9 +66,11 @@ class ForkedStep:
         # Objects alive now are left out of the child's garbage collections: a collection would
         # write to every object's header and so copy every page of the parent's heap into the child.
         gc.freeze()
+        parent = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:  # the child: never returns, never runs the parent's cleanup
             os.close(read_end)
+            _die_with_parent(parent)
             _child(function, write_end)
         gc.unfreeze()
         os.close(write_end)
@@ -73,10 +83,12 @@ class ForkedStep:
         if self._function is not None:
             return self._function()
         try:
-            with os.fdopen(self._read_end, "rb") as pipe:
+            with os.fdopen(self._take_read_end(), "rb") as pipe:
                 payload = pipe.read()
-        finally:
-            _, status = os.waitpid(self.pid, 0)
+        except BaseException:  # interrupted while waiting: the child's work is wasted, stop it now
+            self.cancel()
+            raise
+        status = self._reap()
         if not payload:
             raise ExportError(f"{self.step}: the child process died ({_describe(status)}) before it reported")
         outcome, value = pickle.loads(payload)
@@ -88,15 +100,37 @@ class ForkedStep:
         raise ExportError(f"{self.step} failed: {value}")
 
     def cancel(self) -> None:
-        """Stop the child (the parent failed elsewhere) and reap it."""
-        if self._function is not None:
+        """Stop the child (the parent failed elsewhere, or was interrupted) and reap it; safe to call twice."""
+        if self._function is not None or self._status is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        with contextlib.suppress(OSError):
-            os.close(self._read_end)
+        self._reap()
+        read_end = self._take_read_end()
+        if read_end is not None:
+            os.close(read_end)
+
+    def _take_read_end(self) -> int | None:
+        read_end, self._read_end = self._read_end, None
+        return read_end
+
+    def _reap(self) -> int:
+        """Wait for the child once; its pid may belong to another process after that, so it is never signalled again."""
+        if self._status is None:
+            _, self._status = os.waitpid(self.pid, 0)
+        return self._status
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this child when its parent dies; die now if it already has."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        ctypes.CDLL(libc_name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def _child(function: Callable[[], Any], write_end: int) -> None:
@@ -105,7 +139,8 @@ def _child(function: Callable[[], Any], write_end: int) -> None:
         import torch
 
         torch.set_num_threads(1)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends the child; the parent reports it
+        for signal_number in (signal.SIGINT, signal.SIGTERM):  # they end the child; the parent reports them
+            signal.signal(signal_number, signal.SIG_DFL)
         try:
             result: tuple[str, Any] = ("ok", function())
         except AotError as error:
@@ -115,8 +150,10 @@ def _child(function: Callable[[], Any], write_end: int) -> None:
         with os.fdopen(write_end, "wb") as pipe:
             pipe.write(pickle.dumps(result))
         code = 0
+    except BrokenPipeError:  # the parent stopped listening (interrupted, or failed elsewhere): nothing to say
+        pass
     except BaseException:  # even here the child must not fall back into the parent's code
-        log.exception("forked child failed")
+        log.debug("forked child failed", exc_info=True)
     finally:
         os._exit(code)
 

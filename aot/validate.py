@@ -1,4 +1,13 @@
-"""Compare an artifact's outputs with the eager model's, output by output.
+"""Validation: every artifact against the eager model, at every shape case, in one place.
+
+- :func:`eager_outputs`: the reference, called as the tracer calls the model;
+- :func:`compare_outputs`: one artifact's outputs against the reference, output by output;
+- :func:`check_artifact`: an artifact over every shape case;
+- :func:`bisect`: on a failure, re-run the passes one by one and name the first that diverged;
+- :func:`validate_artifacts`: the files a build writes, loaded as users load them: the saved
+  GraphModule through its own ``module.py`` (``load``, torch alone), the ONNX model in ONNX Runtime;
+- :func:`validate_directory`: ``aot validate DIR``: the directory's integrity first
+  (:mod:`aot.integrity`), then the numerics, with nothing from DIR run before its hash matched.
 
 An element passes when ``|actual - expected| <= atol + rtol * |expected|``
 (numpy's ``allclose`` rule). The relative error reported is
@@ -9,11 +18,27 @@ tensor drifted and by how much.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
+from aot.inputs import ShapeCase, shape_cases
+from aot.integrity import verify_directory
+from aot.manifest import MANIFEST_NAME
+from aot.models import forward_parameters, load_model
+from aot.outputs import flatten_outputs
+from aot.recipe import LoadedRecipe, load_recipe
+from aot.recipe_schema import Tolerance, ValidateSpec
+from aot.stages import Progress, Stages
 
 
 @dataclass
@@ -34,6 +59,7 @@ class Comparison:
     problem: str | None = None
     atol: float | None = None
     rtol: float | None = None
+    source: str | None = None  # what ran: the in-memory graph, module.py as users load it, the ONNX file
 
     @property
     def worst(self) -> OutputError | None:
@@ -92,3 +118,196 @@ def compare_outputs(
         ok = bool(np.all(difference <= atol + rtol * np.abs(np.where(finite, want64, 0.0))))
         outputs.append(OutputError(name, list(want.shape), float(difference.max()), float(relative.max()), ok))
     return Comparison(artifact, shape, ok=all(o.ok for o in outputs), outputs=outputs, atol=atol, rtol=rtol)
+
+
+def eager_outputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The eager reference, called as the tracer calls it: without a KV cache, whose objects are no tensors."""
+    extra = {"use_cache": False} if "use_cache" in forward_parameters(model) and "use_cache" not in inputs else {}
+    with torch.no_grad():
+        return flatten_outputs(model(**inputs, **extra))
+
+
+def run_module(module: Callable[..., Any], case: ShapeCase) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return flatten_outputs(module(**case.inputs))
+
+
+def check_artifact(
+    artifact: str,
+    run: Callable[[ShapeCase], dict[str, Any]],
+    cases: list[ShapeCase],
+    expected: list[dict[str, Any]],
+    tolerances: Tolerance | ValidateSpec,
+    source: str | None = None,
+) -> list[Comparison]:
+    """``run(case)`` at every case against its eager outputs; an artifact that fails to run fails the case."""
+    results = []
+    for case, want in zip(cases, expected):
+        try:
+            got = run(case)
+        except AotError:
+            raise
+        except Exception as error:
+            problem = f"failed to run: {type(error).__name__}: {error}"
+            results.append(Comparison(artifact, case.label, ok=False, problem=problem, source=source))
+            continue
+        result = compare_outputs(artifact, case.label, want, got, tolerances.atol, tolerances.rtol)
+        result.source = source
+        results.append(result)
+    return results
+
+
+def raise_on_failure(results: list[Comparison], culprit: str | None = None) -> None:
+    failed = [c for c in results if not c.ok]
+    if failed:
+        raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
+
+
+def bisect(loaded: LoadedRecipe, cases: list[ShapeCase], expected: list, failure: Comparison) -> str:
+    """Re-trace and re-run the pipeline pass by pass to name the first pass after which outputs diverge."""
+    from aot.capture import capture
+    from aot.pipeline import run_pipeline
+
+    with torch.random.fork_rng():  # the same weights again (the recipe's seed or files); the RNG goes on as it was
+        model = load_model(loaded)
+    index = next(i for i, case in enumerate(cases) if case.label == failure.shape)
+    case, want = cases[index], expected[index]
+    tolerances = loaded.recipe.validate_
+    graph_module = capture(loaded, model, cases[0].inputs)
+    if not compare_outputs("trace", case.label, want, run_module(graph_module, case), tolerances.atol, tolerances.rtol).ok:
+        return "outputs already diverge right after tracing, before any pass"
+    culprit: list[str] = []
+
+    def check(step: int, current: torch.fx.GraphModule) -> None:
+        if culprit:
+            return
+        result = compare_outputs("graph", case.label, want, run_module(current, case), tolerances.atol, tolerances.rtol)
+        if not result.ok:
+            culprit.append(f"outputs first diverged after pass '{loaded.passes[step].name}' (step {step + 1}): {result.summary()}")
+
+    run_pipeline(graph_module, loaded.passes, after_each=check)
+    return culprit[0] if culprit else "no single pass reproduces the divergence when re-run"
+
+
+def validate_graph(
+    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, cases: list[ShapeCase], expected: list[dict[str, Any]]
+) -> list[Comparison]:
+    """The traced graph after the passes, in memory; on failure, bisect (when the recipe asks) and raise."""
+    run = lambda case: run_module(graph_module, case)  # noqa: E731
+    results = check_artifact("graph", run, cases, expected, loaded.recipe.validate_, source="traced graph after the passes")
+    failed = [c for c in results if not c.ok]
+    if failed:
+        culprit = bisect(loaded, cases, expected, failed[0]) if loaded.recipe.validate_.bisect else None
+        raise_on_failure(results, culprit)
+    return results
+
+
+def validate_artifacts(
+    loaded: LoadedRecipe,
+    cases: list[ShapeCase],
+    expected: list[dict[str, Any]],
+    directory: Path,
+    stage: Callable[[str], AbstractContextManager[None]] | None = None,
+    sha256_of: Callable[[str], str | None] = lambda relative: None,
+) -> list[Comparison]:
+    """The ONNX model and the saved GraphModule in ``directory``, loaded as users load them, against eager.
+
+    The GraphModule runs through its own ``module.py`` (``load``, torch alone), the code users run.
+    ``sha256_of(relative path)``: the digest ``module.py`` must have when it is executed (its text
+    is hashed as it is read, so what runs is what was checked).
+    """
+    from aot import export
+
+    stage = stage or (lambda name: nullcontext())
+    results: list[Comparison] = []
+    onnx_path = directory / "model.onnx"
+    if onnx_path.is_file():
+        with stage("validate_onnx"):
+            onnx_options = loaded.recipe.export.onnx
+            tolerances = loaded.recipe.validate_.float16 if onnx_options.float16 else loaded.recipe.validate_
+            run = lambda case: export.run_onnx(onnx_path, case.inputs)  # noqa: E731
+            results += check_artifact("onnx", run, cases, expected, tolerances, source="model.onnx in onnxruntime")
+            export.release_sessions()
+        release_freed_memory()
+    module_file = "graph_module/module.py"
+    if (directory / module_file).is_file():
+        with stage("validate_graph_module"):
+            saved = export.load_standalone(directory / "graph_module", sha256_of(module_file)).to(loaded.recipe.model.device)
+            run = lambda case: run_module(saved, case)  # noqa: E731
+            results += check_artifact("graph_module", run, cases, expected, loaded.recipe.validate_, source=f"{module_file} load()")
+            del saved, run
+    return results
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+    gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    malloc_trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None) if libc_name else None
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
+@dataclass
+class DirectoryReport:
+    directory: str
+    manifest_sha256: str
+    files_checked: int = 0
+    validation: list[Comparison] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.validation)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "directory": self.directory,
+            "ok": self.ok,
+            "manifest_sha256": self.manifest_sha256,
+            "files_checked": self.files_checked,
+            "validation": [c.to_json() for c in self.validation],
+        }
+
+
+def validate_directory(
+    directory: str | Path,
+    recipe_path: str | Path | None = None,
+    expect_sha256: str | None = None,
+    progress: Progress | None = None,
+) -> DirectoryReport:
+    """``aot validate DIR``: every file against the manifest, then every artifact against eager.
+
+    Nothing from DIR is imported or run before its hash matched. The recipe is the one given, else
+    the one the manifest names if it is still there, else the directory's copy; its sha256 must be
+    the manifest's. A recipe's ``model.factory`` is code: see README's "Trust".
+    """
+    stage = Stages(progress)
+    with stage("check_files"):
+        integrity = verify_directory(directory, expect_sha256)
+    directory = Path(directory)
+    loaded = recipe_of_build(directory, integrity.manifest, recipe_path)
+    with stage("load_model"):
+        model = load_model(loaded)
+        cases = shape_cases(loaded, model)
+    with stage("eager_outputs"):
+        expected = [eager_outputs(model, case.inputs) for case in cases]
+    del model
+    release_freed_memory()
+    report = DirectoryReport(str(directory), integrity.manifest_sha256, integrity.files_checked)
+    report.validation = validate_artifacts(loaded, cases, expected, directory, stage, integrity.sha256_of)
+    raise_on_failure(report.validation)
+    return report
+
+
+def recipe_of_build(directory: Path, manifest: dict[str, Any], recipe_path: str | Path | None = None) -> LoadedRecipe:
+    """The recipe a checked build directory was built from (see :func:`validate_directory`)."""
+    recorded = manifest["recipe"]
+    source = Path(recipe_path) if recipe_path else Path(str(recorded.get("path", "")))
+    if not recipe_path and not source.is_file():
+        source = directory / "recipe.yaml"  # the copy the build kept; its hash was checked with the rest
+    if not source.is_file():
+        raise RecipeError(f"{source}: recipe not found; pass --recipe")
+    loaded = load_recipe(source)
+    if loaded.sha256 != recorded["sha256"]:
+        raise IntegrityError(f"{source}: recipe changed since the build (sha256 differs from {MANIFEST_NAME})")
+    return loaded

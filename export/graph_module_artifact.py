@@ -16,7 +16,6 @@ error never leaves a half-written artifact behind.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ import safetensors.torch
 import torch
 import torch.fx
 
-from aot.errors import ExportError
+from aot.errors import ExportError, IntegrityError
 
 from .graph_codec import decode_graph, dumps, encode_graph
 from .node_meta import decode_meta
@@ -62,18 +61,26 @@ def save_graph_module(gm: torch.fx.GraphModule, directory: Path) -> list[Path]:
     return paths
 
 
-def load_standalone(directory: Path) -> torch.nn.Module:
-    """Import ``module.py`` of a saved artifact (as a user would) and return its model."""
+def load_standalone(directory: Path, expected_sha256: str | None = None) -> torch.nn.Module:
+    """Run ``module.py`` of a saved artifact as users do (``runpy.run_path(...)["load"](directory)``).
+
+    ``expected_sha256``: the digest the manifest recorded. The text is hashed as it is read and
+    only that text runs, so no one can swap the file between the check and the execution.
+    Like ``runpy``, nothing is written beside it (no ``__pycache__``): a build directory holds
+    only what its manifest lists.
+    """
     directory = Path(directory)
     module_path = directory / MODULE_FILE
-    if not module_path.is_file():
-        raise ExportError(f"{module_path} does not exist")
-    name = "aot_saved_" + hashlib.sha256(str(module_path.resolve()).encode()).hexdigest()[:16]
-    spec = importlib.util.spec_from_file_location(name, module_path)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
-        return module.load(str(directory))
+        source = module_path.read_bytes()
+    except OSError as error:
+        raise ExportError(f"{module_path}: cannot read: {error.strerror}") from None
+    if expected_sha256 is not None and hashlib.sha256(source).hexdigest() != expected_sha256:
+        raise IntegrityError(f"{module_path}: sha256 differs from manifest.json (the file was modified after the build)")
+    namespace = {"__name__": "<run_path>", "__file__": str(module_path)}
+    try:
+        exec(compile(source, str(module_path), "exec"), namespace)  # noqa: S102 (checked above; what users run)
+        return namespace["load"](str(directory))
     except Exception as error:
         raise ExportError(f"{module_path}: cannot load the saved model: {type(error).__name__}: {error}") from None
 
