@@ -55,3 +55,33 @@ def cli():
         return result
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory) -> Path:
+    """One build of TINY_BERT for the session; copy it (``copy_build``) before changing anything in it."""
+    from aot.build import build
+
+    root = tmp_path_factory.mktemp("tiny-build")
+    recipe = root / "tiny.yaml"
+    recipe.write_text(TINY_BERT)
+    return Path(build(recipe, root / "out").output)
+
+
+@pytest.fixture
+def copy_build(tiny_build, tmp_path):
+    def copy(name: str = "build") -> Path:
+        import shutil
+
+        return Path(shutil.copytree(tiny_build, tmp_path / name))
+
+    return copy
+
+
+def run_aot(*args, cwd=None, timeout=600):
+    """``aot ARGS`` in a fresh process, as a release job runs it: the console entry point, signals and all."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", "from aot.cli import entry_point; entry_point()", *map(str, args)]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,88 @@
+"""Signals: the export child dies with its parent; SIGTERM and SIGINT stop a build cleanly, in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_BERT
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the forked export and PR_SET_PDEATHSIG are Linux's")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def _start_build(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY_BERT)
+    command = [sys.executable, "-c", "from aot.cli import entry_point; entry_point()", "build", str(recipe), "-o", str(tmp_path / "out")]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return process, tmp_path / f".out.aot-tmp-{process.pid}"
+
+
+def _start_build_in_export(tmp_path: Path) -> tuple[subprocess.Popen, Path, int]:
+    process, staging = _start_build(tmp_path)
+    assert _wait_until(lambda: _children(process.pid) or process.poll() is not None, 120)
+    children = _children(process.pid)
+    assert children and process.poll() is None, "the build must be stopped while its export child runs"
+    return process, staging, children[0]
+
+
+@pytest.mark.parametrize(("signal_number", "code", "message"), [(signal.SIGTERM, 143, "terminated by SIGTERM"), (signal.SIGINT, 130, "interrupted")])
+def test_signal_during_export_stops_child_removes_staging_one_line(tmp_path, signal_number, code, message):
+    process, staging, child = _start_build_in_export(tmp_path)
+    assert staging.is_dir()
+    started = time.monotonic()
+    os.kill(process.pid, signal_number)  # the main process alone, not its group
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code, stderr
+    assert stderr.strip().splitlines() == [f"aot: error: {message}"], stderr
+    assert time.monotonic() - started < 10, "the build does not wait for the export to finish"
+    assert not staging.exists() and not (tmp_path / "out").exists()
+    assert _wait_until(lambda: not _alive(child), 5), "the export child is stopped"
+
+
+def test_export_child_dies_when_the_build_is_killed(tmp_path):
+    process, _, child = _start_build_in_export(tmp_path)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert _wait_until(lambda: not _alive(child), 10), "the export child outlived its SIGKILLed parent"
+
+
+def test_interrupt_while_importing_is_one_line(tmp_path):
+    process, _ = _start_build(tmp_path)
+    time.sleep(0.4)  # inside the command's imports (torch alone takes over a second)
+    assert process.poll() is None
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["aot: error: interrupted"], stderr
