@@ -95,9 +95,12 @@ def default_output(loaded: LoadedRecipe) -> Path:
     return Path(loaded.recipe.output) if loaded.recipe.output else Path("out") / loaded.name
 
 
-def build(recipe_path: str | Path, output: str | Path | None = None, progress: Progress | None = None) -> BuildReport:
+def build(
+    recipe: str | Path | LoadedRecipe, output: str | Path | None = None, progress: Progress | None = None
+) -> BuildReport:
+    """Build a recipe (a path, or one :func:`aot.recipe.load_recipe` already loaded) into ``output``."""
     started = time.perf_counter()
-    loaded = load_recipe(recipe_path)
+    loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     target = Path(output) if output is not None else default_output(loaded)
     check_replaceable(target)  # before any work: aot never deletes what it did not write
     report = BuildReport(name=loaded.name, output=str(target))

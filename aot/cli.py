@@ -131,9 +131,12 @@ def build(context: click.Context, recipe: str, output: str | None, as_json: bool
     """Build RECIPE: trace, run passes, validate, write artifacts and manifest."""
 
     def run(progress: _StderrProgress) -> Any:
+        from aot.recipe import load_recipe
+
+        loaded = load_recipe(recipe)  # its schema is checked before torch is imported: a typo is reported at once
         from aot.build import build as run_build
 
-        return run_build(recipe, output, progress=progress)
+        return run_build(loaded, output, progress=progress)
 
     report = _with_progress(context.obj["debug"], run)
     if as_json:
