@@ -5,59 +5,235 @@ may import only ``torch`` and the standard library, and nothing here may refer
 to aot. :func:`aot.export.module_writer.write_module_source` pastes the source
 below the ``# --- runtime ---`` marker into ``module.py``.
 
-The safetensors format is small enough to read by hand: an 8-byte
+The artifact is torch-only so that users can load it without aot or the
+safetensors library installed; that is why the weights are read here by hand
+and never with ``safetensors.torch.load_file``. The format is small: an 8-byte
 little-endian header length, a JSON header mapping each tensor name to its
-dtype, shape and ``[begin, end)`` byte range, then the raw data. Tensors are
-views into one ``bytearray`` (``torch.frombuffer``), so loading copies the
-file once and nothing else.
+dtype, shape and ``[begin, end)`` byte range, then the data area, which the
+ranges must tile exactly. The header is checked at least as strictly as the
+safetensors library checks it, so a damaged or hostile file fails with one
+``ValueError`` naming the file, the tensor and the fault, before anything is
+allocated from it.
+
+The file is then mapped copy-on-write (``torch.UntypedStorage.from_file`` with
+``shared=False`` is a private ``mmap``): loading reads no tensor data, pages
+are read from the file as the model first touches them, and each tensor is a
+view of that one storage; writes to a tensor stay in this process. A tensor
+whose offset is not a multiple of its element size cannot be such a view and
+is copied alone. Two consequences: ``torch.save`` of one tensor writes the
+whole file's storage (clone it first), and while a model loaded from the file
+is alive, the file must be replaced by renaming a new one over it, never
+rewritten in place, or pages not yet read would come from the new bytes.
 """
 
 # --- runtime ---
+import collections
 import json
 import os
 import sys
 
 import torch
 
+# safetensors dtype code -> torch dtype: every code safetensors.torch.save_file writes (so every dtype
+# an artifact may hold), less those whose dtype this torch lacks
 _SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
+    code: getattr(torch, name)
+    for code, name in {
+        "F64": "float64",
+        "F32": "float32",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "C64": "complex64",
+        "I64": "int64",
+        "I32": "int32",
+        "I16": "int16",
+        "I8": "int8",
+        "U64": "uint64",
+        "U32": "uint32",
+        "U16": "uint16",
+        "U8": "uint8",
+        "BOOL": "bool",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E5M2": "float8_e5m2",
+        "F8_E4M3FNUZ": "float8_e4m3fnuz",
+        "F8_E5M2FNUZ": "float8_e5m2fnuz",
+        "F8_E8M0": "float8_e8m0fnu",
+    }.items()
+    if hasattr(torch, name)
 }
+_SAFETENSORS_MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+_SAFETENSORS_ENTRY_KEYS = ("dtype", "shape", "data_offsets")
+_TORCH_MAX_SIZE = 2**63 - 1  # torch sizes and strides are int64
+
+_SafetensorsEntry = collections.namedtuple("_SafetensorsEntry", "name dtype shape begin end")
 
 
+# The artifact is torch-only so that users can load it without aot or safetensors installed:
+# the format is read here by hand, never with the safetensors library.
 def read_safetensors(path):
-    """Return ``{name: tensor}`` for a safetensors file, using torch alone."""
+    """Return ``{name: tensor}`` for a safetensors file, using torch alone.
+
+    The tensors are views of one copy-on-write mapping of the file, in header
+    order. A malformed file raises ``ValueError``.
+    """
     if sys.byteorder != "little":
         raise RuntimeError("safetensors data is little-endian; this loader needs a little-endian machine")
-    data = bytearray(os.path.getsize(path))  # one writable buffer, filled in place: no second copy
+    path = os.fspath(path)
+    header, data_start, file_size = _read_safetensors_header(path)
+    entries = _safetensors_entries(path, header, file_size - data_start)
+    # nbytes must be the file size: with 0, from_file maps nothing at all
+    mapping = torch.UntypedStorage.from_file(path, shared=False, nbytes=file_size)
+    return {entry.name: _tensor_in_mapping(mapping, data_start, entry) for entry in entries}
+
+
+def _read_safetensors_header(path):
+    """The parsed JSON header, the offset in the file where the data area starts, and the file size."""
     with open(path, "rb") as file:
-        if file.readinto(data) != len(data):
-            raise RuntimeError(f"{path} changed while it was read")
-    header_size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + header_size].decode("utf-8"))
-    header.pop("__metadata__", None)
-    data_start = 8 + header_size
-    tensors = {}
-    for name, info in header.items():
-        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-        begin, end = info["data_offsets"]
-        shape = info["shape"]
-        if end == begin:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-            continue
-        count = (end - begin) // torch.empty((), dtype=dtype).element_size()
-        tensors[name] = torch.frombuffer(data, dtype=dtype, count=count, offset=data_start + begin).reshape(shape)
-    return tensors
+        file_size = os.fstat(file.fileno()).st_size
+        if file_size < 8:
+            raise _malformed(path, f"it holds {file_size} bytes, fewer than the 8 of its header length")
+        header_size = int.from_bytes(file.read(8), "little")
+        if header_size > _SAFETENSORS_MAX_HEADER_BYTES:
+            raise _malformed(path, f"its header length {header_size} exceeds the limit of {_SAFETENSORS_MAX_HEADER_BYTES} bytes")
+        if 8 + header_size > file_size:
+            raise _malformed(path, f"its header length {header_size} runs past the end of the file ({file_size} bytes)")
+        header_bytes = file.read(header_size)
+    if len(header_bytes) != header_size:
+        raise RuntimeError(f"{path} changed while it was read")
+    return _parse_header(path, header_bytes), 8 + header_size, file_size
+
+
+def _parse_header(path, header_bytes):
+    try:
+        text = header_bytes.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _malformed(path, f"its header is not UTF-8 ({error})") from None
+    try:
+        header = json.loads(text, object_pairs_hook=_object_without_duplicate_keys, parse_constant=_refuse_non_json_constant)
+    except (ValueError, RecursionError) as error:
+        raise _malformed(path, f"its header is not a readable JSON object ({_brief(str(error))})") from None
+    if not isinstance(header, dict):
+        raise _malformed(path, f"its header is a JSON {type(header).__name__}, not an object")
+    return header
+
+
+def _refuse_non_json_constant(name):
+    raise ValueError(f"{name} is not JSON")  # Python's json reads NaN and Infinity; the safetensors library does not
+
+
+def _object_without_duplicate_keys(pairs):
+    # Readers disagree on which of two same-named entries wins; refuse to pick one.
+    result = {}
+    for name, value in pairs:
+        if name in result:
+            raise ValueError(f"key {_brief(name)} appears twice")
+        result[name] = value
+    return result
+
+
+def _safetensors_entries(path, header, data_size):
+    """The header's tensors, each checked alone, then checked to tile the data area."""
+    entries = []
+    for name, value in header.items():
+        if name == "__metadata__":
+            _check_metadata(path, value)
+        else:
+            entries.append(_safetensors_entry(path, name, value, data_size))
+    _check_tiling(path, entries, data_size)
+    return entries
+
+
+def _check_metadata(path, metadata):
+    if not isinstance(metadata, dict):
+        raise _malformed(path, f"its __metadata__ is a {type(metadata).__name__}, not an object of strings")
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise _malformed(path, f"its __metadata__ maps {_brief(key)} to {_brief(value)}, not to a string")
+
+
+def _safetensors_entry(path, name, value, data_size):
+    tensor = f"tensor {_brief(name)}"
+    if not isinstance(value, dict):
+        raise _malformed(path, f"{tensor} is described by a {type(value).__name__}, not an object")
+    missing = [key for key in _SAFETENSORS_ENTRY_KEYS if key not in value]
+    if missing:
+        raise _malformed(path, f"{tensor} has no {missing[0]!r}")
+    unknown = sorted(set(value) - set(_SAFETENSORS_ENTRY_KEYS))
+    if unknown:
+        raise _malformed(path, f"{tensor} has the unknown key {_brief(unknown[0])}")
+    dtype_code, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
+    dtype = _SAFETENSORS_DTYPES.get(dtype_code) if isinstance(dtype_code, str) else None
+    if dtype is None:
+        raise _malformed(path, f"{tensor} has the unknown dtype {_brief(dtype_code)}")
+    if not (isinstance(shape, list) and all(_is_count(size) for size in shape)):
+        raise _malformed(path, f"{tensor} has shape {_brief(shape)}; a shape is a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(offset) for offset in offsets)):
+        raise _malformed(path, f"{tensor} has data_offsets {_brief(offsets)}; they are two non-negative integers [begin, end]")
+    begin, end = offsets
+    if begin > end:
+        raise _malformed(path, f"{tensor} has data_offsets [{begin}, {end}], which end before they begin")
+    if end > data_size:
+        raise _malformed(
+            path, f"{tensor} has data_offsets [{begin}, {end}], past the end of the file (its data area holds {data_size} bytes)"
+        )
+    byte_count = _element_count(path, tensor, shape) * dtype.itemsize
+    if end - begin != byte_count:
+        raise _malformed(
+            path,
+            f"{tensor} has {end - begin} bytes (data_offsets [{begin}, {end}]), but {dtype_code} of shape {_brief(shape)} takes {byte_count}",
+        )
+    return _SafetensorsEntry(name, dtype, shape, begin, end)
+
+
+def _is_count(value):
+    return type(value) is int and value >= 0  # type(), not isinstance(): JSON true is not a size
+
+
+def _element_count(path, tensor, shape):
+    """numel of ``shape``; refuses shapes whose contiguous strides would not fit torch's int64."""
+    count, stride = 1, 1
+    for size in shape:
+        count *= size
+        stride *= max(size, 1)  # torch computes strides from the sizes as if each were at least 1
+        if stride > _TORCH_MAX_SIZE:
+            raise _malformed(path, f"{tensor} has shape {_brief(shape)}, too large for a torch tensor")
+    return count
+
+
+def _check_tiling(path, entries, data_size):
+    """The safetensors library's rule: sorted by range, the tensors fill the data area end to end, no gap, no overlap."""
+    covered_to, previous = 0, None
+    for entry in sorted(entries, key=lambda entry: (entry.begin, entry.end)):
+        tensor = f"tensor {_brief(entry.name)} (bytes {entry.begin} to {entry.end})"
+        if entry.begin < covered_to:
+            raise _malformed(path, f"{tensor} overlaps tensor {_brief(previous)}, which ends at byte {covered_to}")
+        if entry.begin > covered_to:
+            raise _malformed(path, f"bytes {covered_to} to {entry.begin} of its data area belong to no tensor (a hole before {tensor})")
+        covered_to, previous = entry.end, entry.name
+    if covered_to != data_size:
+        after = "the header lists no tensor" if previous is None else f"a tail after tensor {_brief(previous)}"
+        raise _malformed(path, f"bytes {covered_to} to {data_size} of its data area belong to no tensor ({after})")
+
+
+def _malformed(path, problem):
+    return ValueError(f"{path} is not a valid safetensors file: {problem}")
+
+
+def _brief(value, limit=80):
+    """``repr`` on one line, cut short: a hostile header may hold a name of megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _tensor_in_mapping(mapping, data_start, entry):
+    offset = data_start + entry.begin
+    itemsize = entry.dtype.itemsize
+    if offset % itemsize == 0:
+        # device="cpu": the mapping is on the CPU whatever default device the caller has set
+        return torch.empty(0, dtype=entry.dtype, device="cpu").set_(mapping, offset // itemsize, entry.shape)
+    # A view's offset counts whole elements, so this tensor cannot be one: copy its bytes alone.
+    raw = torch.empty(0, dtype=torch.uint8, device="cpu").set_(mapping, offset, (entry.end - entry.begin,))
+    return raw.clone().view(entry.dtype).reshape(entry.shape)
 
 
 def assign_tensor(model, qualified_name, tensor):
