@@ -1,55 +1,55 @@
-"""``aot bench``: eager vs the saved GraphModule vs the ONNX model, in one process, interleaved.
+"""``aot bench``: eager vs the saved GraphModule vs the ONNX model (and peers), each in its own process.
 
-Every figure is a ratio against eager measured in the same run, so machine
-noise hits all contestants alike. For each shape of the grid:
+Every figure is a ratio against eager measured in the same run. One process holding several
+models slows them all, the eager baseline most (measured 1.3-1.5x on BERT-base), so each
+runner lives in a worker process of its own (:mod:`aot.bench_worker`) and this driver only
+sends it requests. For each shape of the grid:
 
-1. every runner is warmed up;
-2. ``runs`` rounds follow; in each round every runner is timed once, in an
-   order that rotates from round to round;
-3. medians, p10 and p90 are taken per runner, and ``speedup = eager median /
-   runner median``.
+1. every worker is warmed up (its first call's time is kept: a compiler compiles there), and,
+   unless ``memory=False``, its peak resident set over its load and warm-up is taken;
+2. ``runs`` rounds follow; in each round every worker is timed once, in a shuffled order
+   (seeded: the same order for the same arguments), after an idle ``gap_ms`` so that the
+   previous runner's thread pool has settled;
+3. per runner: median, p10 and p90 of its times; ``speedup = eager median / its median``;
+   and the paired ratios, ``eager time / its time`` within each round, whose median
+   (``paired_speedup``) is the figure to quote: it cancels the drifts both runners saw.
 
-Peak memory is measured per runner in a fresh process that loads only that
-runner (:mod:`aot.bench_memory`): its peak resident set minus the resident set
-after imports, loading and two calls included. Peers get no memory figure.
-
-On CUDA (a recipe whose ``model.device`` is ``cuda``) every runner runs on the GPU:
-eager and the GraphModule in torch, the ONNX model in ONNX Runtime's CUDA
-provider with inputs and outputs bound in GPU memory; each timing ends with a
-``torch.cuda.synchronize()``. No memory figure is taken there.
+``mode="in-process"`` keeps every runner in this process instead (labelled as such in the
+report): faster to start, but the figures are distorted and carry no memory. On CUDA (a
+recipe whose ``model.device`` is ``cuda``) every runner runs on the GPU, each timing ending
+with a ``torch.cuda.synchronize()``.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
+import contextlib
+import dataclasses
+import json
 import logging
+import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from aot.errors import RecipeError
-from aot.bench_memory import measure_peak_mib
-from aot.bench_peers import build_peers
-from aot.inputs import dynamic_axes, make_inputs
+from aot.bench_worker import RunnerHost, RunnerSpec
+from aot.errors import AotError, RecipeError
 from aot.integrity import IntegrityReport, verify_directory
-from aot.models import forward_parameters, load_model, load_tokenizer
 from aot.recipe import LoadedRecipe
 from aot.stages import Progress, Stages
 from aot.validate import recipe_of_build
 
 log = logging.getLogger(__name__)
 
-Runner = Callable[[dict[str, torch.Tensor]], Any]
 ARTIFACT_RUNNERS = ("eager", "graph_module", "onnx")
-Tick = Callable[[], None]
+MODES = ("processes", "in-process")
 
 
 @dataclass
@@ -58,7 +58,11 @@ class RunnerFigures:
     median_ms: float
     p10_ms: float
     p90_ms: float
-    speedup: float
+    speedup: float  # eager median / this median
+    paired_speedup: float  # median over rounds of eager's time / this runner's time in the same round
+    paired_p10: float
+    paired_p90: float
+    first_call_ms: float
     peak_mib: float | None
 
 
@@ -71,9 +75,14 @@ class ShapeFigures:
 @dataclass
 class BenchReport:
     build: str
+    cpu: str
     threads: int
+    mode: str
     runs: int
     warmup: int
+    gap_ms: float
+    setup_s: dict[str, float] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)  # the process each runner ran in
     shapes: list[ShapeFigures] = field(default_factory=list)
     build_stages_s: dict[str, float] = field(default_factory=dict)
     peer_failures: dict[str, str] = field(default_factory=dict)
@@ -82,84 +91,20 @@ class BenchReport:
         return asdict(self)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
+def cpu_model() -> str:
+    """The CPU's name as the kernel reports it (every figure is quoted with it)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    import platform
 
-
-def _load_build(directory: Path, expect_sha256: str | None = None) -> tuple[LoadedRecipe, IntegrityReport]:
-    """The build's recipe, once every file of the directory matched its manifest (nothing from it runs before)."""
-    integrity = verify_directory(directory, expect_sha256)
-    return recipe_of_build(directory, integrity.manifest), integrity
-
-
-def _runners(
-    directory: Path, integrity: IntegrityReport, model: torch.nn.Module, threads: int, only: str | None = None
-) -> dict[str, Runner]:
-    from aot import export
-
-    device = _model_device(model)
-    # Called as validation calls it: without a KV cache, like the traced graph.
-    extra = {"use_cache": False} if "use_cache" in forward_parameters(model) else {}
-    runners: dict[str, Runner] = {"eager": lambda inputs: model(**inputs, **extra)}
-    if only == "eager":
-        return runners
-    if (directory / "graph_module").is_dir() and only in (None, "graph_module"):
-        # As users load it: module.py's own load(), the text run being the text hashed.
-        saved = export.load_standalone(directory / "graph_module", integrity.sha256_of("graph_module/module.py")).to(device)
-        runners["graph_module"] = lambda inputs: saved(**inputs)
-    onnx_path = directory / "model.onnx"
-    if onnx_path.is_file() and only in (None, "onnx"):
-        runners["onnx"] = _onnx_runner(onnx_path, threads, device)
-    return runners
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
-
-
-def _onnx_runner(path: Path, threads: int, device: torch.device) -> Runner:
-    """ONNX Runtime on the model's device: on CUDA, inputs and outputs stay in GPU memory, as eager's do."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    # Spinning ORT workers would steal the cores torch runs on next: interleaving must be fair.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if device.type != "cuda":
-        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        names = [i.name for i in session.get_inputs()]
-        return lambda inputs: session.run(None, {n: inputs[n].numpy() for n in names})
-    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        raise RecipeError(
-            f"{path}: the model runs on {device}, but this ONNX Runtime has no CUDAExecutionProvider (pip install onnxruntime-gpu)"
-        )
-    provider = ("CUDAExecutionProvider", {"device_id": device.index or 0})
-    session = onnxruntime.InferenceSession(str(path), options, providers=[provider])
-    names = [i.name for i in session.get_inputs()]
-    outputs = [o.name for o in session.get_outputs()]
-
-    def run(inputs: dict[str, torch.Tensor]) -> Any:
-        binding = session.io_binding()
-        for name in names:
-            tensor = inputs[name].contiguous()
-            binding.bind_input(
-                name, "cuda", device.index or 0, _numpy_dtype(tensor.dtype), list(tensor.shape), tensor.data_ptr()
-            )
-        for name in outputs:
-            binding.bind_output(name, "cuda", device.index or 0)
-        session.run_with_iobinding(binding)
-        return binding.get_outputs()
-
-    return run
-
-
-@functools.cache  # called inside the timed region, once per input and call
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty((), dtype=dtype).numpy().dtype
+    return platform.processor() or platform.machine()
 
 
 def grid_shapes(loaded: LoadedRecipe, grid: dict[str, list[int]]) -> list[dict[str, int]]:
+    import itertools
+
     dims = {name: [dim.size] for name, dim in loaded.recipe.inputs.dims.items()}
     for name, sizes in grid.items():
         if name not in dims:
@@ -180,75 +125,161 @@ def bench(
     peers: tuple[str, ...] = (),
     expect_sha256: str | None = None,
     progress: Progress | None = None,
+    mode: str = "processes",
+    gap_ms: float = 50.0,
 ) -> BenchReport:
+    if mode not in MODES:
+        raise RecipeError(f"bench mode '{mode}' is not one of {', '.join(MODES)}")
     directory = Path(directory)
     stage = Stages(progress)
     with stage("check_files"):
-        loaded, integrity = _load_build(directory, expect_sha256)
-    manifest = integrity.manifest
-    threads = threads or torch.get_num_threads()
-    torch.set_num_threads(threads)
-    with stage("load_runners"):
-        model = load_model(loaded)
-        device = _model_device(model)
-        if peers and device.type != "cpu":
-            raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {device}")
-        runners = _runners(directory, integrity, model, threads)
-    tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
+        integrity = verify_directory(directory, expect_sha256)
+        loaded = recipe_of_build(directory, integrity.manifest)
+    shapes = grid_shapes(loaded, grid or {})
+    if peers and loaded.recipe.model.device != "cpu":
+        raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {loaded.recipe.model.device}")
+    threads = threads or _default_threads()
+    in_process = mode == "in-process"
     report = BenchReport(
-        build=str(directory), threads=threads, runs=runs, warmup=warmup, build_stages_s=manifest.get("run", {}).get("stages_s", {})
+        build=str(directory), cpu=cpu_model(), threads=threads, mode=mode, runs=runs, warmup=warmup, gap_ms=gap_ms,
+        build_stages_s=integrity.manifest.get("run", {}).get("stages_s", {}),
     )
-    with tempfile.TemporaryDirectory(prefix="aot-bench-peers-") as workdir:
-        if peers:
-            with stage("build_peers"):
-                trace_dims = {name: dim.size for name, dim in loaded.recipe.inputs.dims.items()}
-                example = make_inputs(loaded, model, trace_dims, seed=loaded.recipe.model.seed, tokenizer=tokenizer)
-                peer_runners, report.peer_failures = build_peers(peers, model, example, dynamic_axes(loaded), Path(workdir), threads)
-                runners.update(peer_runners)
+    names = [name for name in ARTIFACT_RUNNERS if _artifact_present(directory, name)] + list(peers)
+    with tempfile.TemporaryDirectory(prefix="aot-bench-") as workdir, _hosts(in_process) as start:
+        spec = RunnerSpec(build=str(directory), runner="", threads=threads, workdir=workdir, shapes=shapes,
+                          module_sha256=_module_sha256(integrity), shared_process=in_process)
+        hosts: dict[str, Any] = {}
+        for name in names:  # one after the other: eager first, since it makes the inputs the others read
+            with stage(f"load {name}"):
+                try:
+                    hosts[name], setup = start(dataclasses.replace(spec, runner=name))
+                    report.setup_s[name], report.pids[name] = setup["setup_s"], setup["pid"]
+                except AotError as error:
+                    if name in ARTIFACT_RUNNERS:
+                        raise
+                    report.peer_failures[name] = str(error)
+                    log.warning("peer %s could not be built: %s", name, error)
+        # Host memory only, of a runner alone in its process: on CUDA the weights live in GPU memory.
+        memory = memory and not in_process and loaded.recipe.model.device == "cpu"
         with stage("bench"):
-            _bench_grid(loaded, model, tokenizer, grid, runners, runs, warmup, memory, tick, report)
+            for index, shape in enumerate(shapes):
+                report.shapes.append(_bench_shape(hosts, index, shape, runs, warmup, memory, gap_ms, tick, report.peer_failures))
     return report
 
 
-def _bench_grid(loaded, model, tokenizer, grid, runners, runs, warmup, memory, tick, report) -> None:
-    with torch.inference_mode():
-        for shape in grid_shapes(loaded, grid or {}):
-            inputs = make_inputs(loaded, model, shape, seed=loaded.recipe.model.seed, tokenizer=tokenizer)
-            report.shapes.append(_bench_shape(Path(report.build), report.threads, shape, inputs, runners, runs, warmup, memory, tick))
+def _default_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _artifact_present(directory: Path, runner: str) -> bool:
+    return runner == "eager" or (runner == "graph_module" and (directory / "graph_module").is_dir()) or (
+        runner == "onnx" and (directory / "model.onnx").is_file()
+    )
+
+
+def _module_sha256(integrity: IntegrityReport) -> str | None:
+    listed = integrity.manifest["artifacts"].get("graph_module/module.py")
+    return listed["sha256"] if listed else None
+
+
+@contextlib.contextmanager
+def _hosts(in_process: bool) -> Iterator[Callable[[RunnerSpec], tuple[Any, dict[str, Any]]]]:
+    """``start(spec) -> (host, its setup reply)``; every worker started is stopped on the way out."""
+    workers: list[_Worker] = []
+
+    def start(spec: RunnerSpec) -> tuple[Any, dict[str, Any]]:
+        if in_process:
+            host = RunnerHost(spec)
+            return host, host.setup()
+        worker = _Worker(spec)
+        workers.append(worker)
+        try:
+            return worker, worker.request("setup", **asdict(spec))
+        except AotError:
+            worker.stop()
+            workers.remove(worker)
+            raise
+
+    try:
+        yield start
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+class _Worker:
+    """A runner in its own process: the same calls as :class:`RunnerHost`, over a pipe."""
+
+    def __init__(self, spec: RunnerSpec):
+        self.name = spec.runner
+        self.log = tempfile.TemporaryFile(mode="w+")  # what the worker or its libraries print, for failures
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "aot.bench_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+            text=True, bufsize=1,
+        )
+
+    def request(self, op: str, **arguments: Any) -> dict[str, Any]:
+        self.process.stdin.write(json.dumps({"op": op, **arguments}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            self.log.seek(0)
+            last = [text for text in self.log.read().splitlines() if text.strip()][-1:] or ["no output"]
+            raise AotError(f"bench worker '{self.name}' died ({last[0]})")
+        reply = json.loads(line)
+        if "error" in reply:
+            error = AotError(f"{self.name}: {reply['error']}")
+            error.exit_code = reply["exit_code"]
+            raise error
+        return reply
+
+    def warm(self, shape: int, calls: int, memory: bool) -> dict[str, Any]:
+        return self.request("warm", shape=shape, calls=calls, memory=memory)
+
+    def time(self, shape: int) -> float:
+        return self.request("time", shape=shape)["ms"]
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.process.stdin.write(json.dumps({"op": "exit"}) + "\n")
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
 
 
 def _bench_shape(
-    directory: Path,
-    threads: int,
-    shape: dict[str, int],
-    inputs: dict[str, torch.Tensor],
-    runners: dict[str, Runner],
-    runs: int,
-    warmup: int,
-    memory: bool,
-    tick: Callable[[str], None] | None,
+    hosts: dict[str, Any], index: int, shape: dict[str, int], runs: int, warmup: int, memory: bool, gap_ms: float,
+    tick: Callable[[str], None] | None, peer_failures: dict[str, str],
 ) -> ShapeFigures:
-    names = list(runners)
-    # CUDA runs asynchronously: a runner's time ends when the GPU has finished its work.
-    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs.values())
-    finish = torch.cuda.synchronize if on_cuda else (lambda: None)
-    for name in names:
-        for _ in range(warmup):
-            runners[name](inputs)
-    finish()
+    warmed = {}
+    for name in list(hosts):
+        try:
+            warmed[name] = hosts[name].warm(index, max(warmup, 1), memory)
+        except AotError as error:  # a peer that fails at this shape (a compiler, say) is a finding, not a stop
+            if name in ARTIFACT_RUNNERS:
+                raise
+            peer_failures[name] = f"at {shape}: {error}"
+            del hosts[name]
+    names = list(hosts)
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(runs):
-        rotation = round_index % len(names)
-        for name in names[rotation:] + names[:rotation]:
-            started = time.perf_counter()
-            runners[name](inputs)
-            finish()
-            samples[name].append((time.perf_counter() - started) * 1000)
+    order = random.Random(f"{index}:{runs}:{','.join(names)}")  # shuffled, the same for the same bench
+    label = ",".join(f"{k}={v}" for k, v in shape.items())
+    for _ in range(runs):
+        for name in order.sample(names, len(names)):
+            time.sleep(gap_ms / 1000)
+            samples[name].append(hosts[name].time(index))
         if tick:
-            tick(",".join(f"{k}={v}" for k, v in shape.items()))
-    eager_median = statistics.median(samples["eager"])
+            tick(label)
+    eager = samples["eager"]
     figures = ShapeFigures(shape=shape)
     for name in names:
+        paired = [e / t for e, t in zip(eager, samples[name])]
         median = statistics.median(samples[name])
         figures.runners.append(
             RunnerFigures(
@@ -256,39 +287,16 @@ def _bench_shape(
                 median_ms=round(median, 3),
                 p10_ms=round(_percentile(samples[name], 10), 3),
                 p90_ms=round(_percentile(samples[name], 90), 3),
-                speedup=round(eager_median / median, 3),
-                # Host memory only: a CUDA runner's weights live in GPU memory, which this does not see.
-                peak_mib=measure_peak_mib(directory, name, shape, threads)
-                if memory and name in ARTIFACT_RUNNERS and not on_cuda
-                else None,
+                speedup=round(statistics.median(eager) / median, 3),
+                paired_speedup=round(statistics.median(paired), 3),
+                paired_p10=round(_percentile(paired, 10), 3),
+                paired_p90=round(_percentile(paired, 90), 3),
+                first_call_ms=warmed[name]["first_call_ms"],
+                peak_mib=warmed[name]["peak_mib"],
             )
         )
     return figures
 
 
-def draw_chart(report: BenchReport, path: Path) -> None:
-    """A bar chart of speedups over eager per shape (needs matplotlib: `pip install 'aot[chart]'`)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RecipeError("--chart needs matplotlib: pip install 'aot[chart]'") from None
-    labels = [",".join(f"{k}={v}" for k, v in s.shape.items()) for s in report.shapes]
-    runner_names = [r.runner for r in report.shapes[0].runners] if report.shapes else []
-    figure, axes = plt.subplots(figsize=(max(4, 1.8 * len(labels) * len(runner_names) / 2), 3.5))
-    width = 0.8 / max(len(runner_names), 1)
-    for index, name in enumerate(runner_names):
-        values = [next(r.speedup for r in s.runners if r.runner == name) for s in report.shapes]
-        positions = [i + index * width for i in range(len(labels))]
-        bars = axes.bar(positions, values, width, label=name)
-        axes.bar_label(bars, fmt="%.2fx", fontsize=8)
-    axes.axhline(1.0, color="grey", linewidth=0.8)
-    axes.set_xticks([i + width * (len(runner_names) - 1) / 2 for i in range(len(labels))], labels)
-    axes.set_ylabel("speedup over eager")
-    axes.set_title(f"aot bench: {Path(report.build).name}, {report.threads} threads, median of {report.runs}")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120, metadata={"Software": None})
-    plt.close(figure)
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))

@@ -1,7 +1,7 @@
 """Peer baselines for ``aot bench --peers``: what other tools make of the same eager model.
 
-Each peer is built here, from the recipe's eager model, so that it is timed in
-the same process and the same run as aot's artifacts:
+Each peer is built here, from the recipe's eager model, in the process that then
+times it (:mod:`aot.bench_worker`), in the same run as aot's artifacts:
 
 - ``ort_torchscript``: ``torch.onnx.export(dynamo=False)``, the TorchScript
   exporter that Optimum's ONNX export is built on, with no further optimisation;
@@ -10,9 +10,10 @@ the same process and the same run as aot's artifacts:
 - ``ort_dynamo``: ``torch.onnx.export(dynamo=True)`` as it comes;
 - ``ort_dynamo_fused``: that model through onnxscript's ``optimize_for_ort`` fusions;
 - ``torch_compile_freezing``: ``torch.compile`` with inductor freezing (opt-in:
-  it compiles for tens of seconds per shape).
+  it compiles for tens of seconds per shape; the bench reports the first call's time).
 
-A peer that fails to build is reported as such, not silently dropped.
+A peer that fails to build is reported as such, not silently dropped. A peer's ONNX
+file is written once into the bench's work directory and reused by the peers built on it.
 """
 
 from __future__ import annotations
@@ -83,57 +84,62 @@ def _onnxscript_fuse(source: Path, target: Path) -> None:
     ir.save(fused, str(target))
 
 
-def _session_runner(path: Path, threads: int) -> Runner:
+def session_runner(path: Path, threads: int, spinning: bool = True) -> Runner:
+    """An ONNX Runtime session as a user would open it, with ``threads`` intra-op threads.
+
+    ``spinning=False`` when other runners share the process: ORT's idle workers would otherwise
+    spin on the cores the next runner needs.
+    """
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # fair interleaving, as in aot.bench
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     return lambda inputs: session.run(None, {name: inputs[name].numpy() for name in names})
 
 
-def build_peers(
-    wanted: tuple[str, ...], model: torch.nn.Module, inputs: dict[str, torch.Tensor], axes: dict[str, dict[int, str]], workdir: Path, threads: int
-) -> tuple[dict[str, Runner], dict[str, str]]:
-    """Runners for the ``wanted`` peers, and ``{peer: reason}`` for those that could not be built."""
-    runners: dict[str, Runner] = {}
-    failures: dict[str, str] = {}
-    workdir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "ort_torchscript": workdir / "torchscript.onnx",
-        "ort_torchscript_fused": workdir / "torchscript_fused.onnx",
-        "ort_dynamo": workdir / "dynamo.onnx",
-        "ort_dynamo_fused": workdir / "dynamo_fused.onnx",
-    }
+_ONNX_FILES = {
+    "ort_torchscript": "torchscript.onnx",
+    "ort_torchscript_fused": "torchscript_fused.onnx",
+    "ort_dynamo": "dynamo.onnx",
+    "ort_dynamo_fused": "dynamo_fused.onnx",
+}
+_BUILT_ON = {"ort_torchscript_fused": "ort_torchscript", "ort_dynamo_fused": "ort_dynamo"}
+
+
+def write_peer_onnx(
+    peer: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor], axes: dict[str, dict[int, str]], workdir: Path
+) -> Path:
+    """The peer's ONNX file in ``workdir``, written (with the file it is built on) unless it is there already."""
+    path = workdir / _ONNX_FILES[peer]
+    if path.exists():
+        return path
+    base = _BUILT_ON.get(peer)
+    source = write_peer_onnx(base, model, inputs, axes, workdir) if base else None
     steps: dict[str, Callable[[], None]] = {
-        "ort_torchscript": lambda: _export(model, inputs, axes, paths["ort_torchscript"], dynamo=False),
-        "ort_torchscript_fused": lambda: _ort_fuse(paths["ort_torchscript"], paths["ort_torchscript_fused"], model.config),
-        "ort_dynamo": lambda: _export(model, inputs, axes, paths["ort_dynamo"], dynamo=True),
-        "ort_dynamo_fused": lambda: _onnxscript_fuse(paths["ort_dynamo"], paths["ort_dynamo_fused"]),
+        "ort_torchscript": lambda: _export(model, inputs, axes, path, dynamo=False),
+        "ort_torchscript_fused": lambda: _ort_fuse(source, path, model.config),
+        "ort_dynamo": lambda: _export(model, inputs, axes, path, dynamo=True),
+        "ort_dynamo_fused": lambda: _onnxscript_fuse(source, path),
     }
-    prerequisite = {"ort_torchscript_fused": "ort_torchscript", "ort_dynamo_fused": "ort_dynamo"}
-    for peer in ONNX_PEERS:
-        needed = peer in wanted or any(prerequisite.get(w) == peer for w in wanted)
-        if not needed:
-            continue
-        if prerequisite.get(peer) in failures:
-            failures[peer] = f"needs {prerequisite[peer]}, which failed"
-            continue
-        try:
-            if not paths[peer].exists():
-                _quietly(steps[peer])
-            if peer in wanted:
-                runners[peer] = _session_runner(paths[peer], threads)
-        except Exception as error:  # a peer's failure is a finding to report, not a reason to stop the bench
-            failures[peer] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            log.warning("peer %s could not be built: %s", peer, failures[peer])
-    if "torch_compile_freezing" in wanted:
+    _quietly(steps[peer])
+    return path
+
+
+def build_peer(
+    peer: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor], axes: dict[str, dict[int, str]], workdir: Path,
+    threads: int, spinning: bool = True,
+) -> Runner:
+    """A runner for ``peer`` (one of :data:`ALL_PEERS`); it raises when the peer cannot be built."""
+    if peer == "torch_compile_freezing":
         import torch._inductor.config as inductor_config
 
         inductor_config.freezing = True
         compiled = torch.compile(model)
-        runners["torch_compile_freezing"] = lambda inputs: compiled(**inputs)
-    return runners, failures
+        return lambda inputs: compiled(**inputs)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return session_runner(write_peer_onnx(peer, model, inputs, axes, workdir), threads, spinning)

@@ -220,11 +220,13 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=str), help="Also draw the speedups as a PNG chart.")
 @click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'all' (+ torch.compile freezing) or a comma list.")
+@click.option("--gap-ms", default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")
+@click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
 @_EXPECT_SHA256
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
-def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, expect_sha256, as_json) -> None:
-    """Time eager, the saved GraphModule and ONNX Runtime side by side on TARGET (a build directory or a recipe)."""
+def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, gap_ms, in_process, expect_sha256, as_json) -> None:
+    """Time eager, the saved GraphModule and ONNX Runtime, each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
     from aot.bench_peers import ALL_PEERS, ONNX_PEERS
@@ -237,7 +239,7 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
         raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(ALL_PEERS)}", param_hint="--peers")
 
     def run(progress: _StderrProgress) -> Any:
-        from aot.bench import bench, draw_chart
+        from aot.bench import bench
 
         directory = target
         if Path(target).is_file():
@@ -245,8 +247,11 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
 
             directory = run_build(target, output, progress=progress).output
         report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
-                       tick=progress.tick, progress=progress, expect_sha256=expect_sha256)
+                       tick=progress.tick, progress=progress, expect_sha256=expect_sha256,
+                       mode="in-process" if in_process else "processes", gap_ms=gap_ms)
         if chart:
+            from aot.bench_chart import draw_chart
+
             draw_chart(report, Path(chart))
         return report
 
@@ -267,21 +272,27 @@ def _print_bench(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{report.build}: {report.threads} threads, median of {report.runs} interleaved runs")
+    where = "each runner in its own process" if report.mode == "processes" else "ALL RUNNERS IN ONE PROCESS (distorted)"
+    table = Table(title=f"{report.build}: {report.cpu}, {report.threads} threads, {report.runs} rounds, {where}")
     labels = [",".join(f"{k}={v}" for k, v in shape.shape.items()) for shape in report.shapes]
     runners = [figures.runner for shape in report.shapes for figures in shape.runners]
     widths = {"shape": max(map(len, labels), default=5), "runner": max(map(len, runners), default=6)}
-    for column in ("shape", "runner", "median ms", "p10 ms", "p90 ms", "vs eager", "peak MiB"):
+    columns = ("shape", "runner", "median ms", "p10 ms", "p90 ms", "vs eager", "paired", "paired p10-p90", "1st call ms", "peak MiB")
+    for column in columns:
         # Names are never cut: two peers share a prefix ("ort_torchscript", "ort_torchscript_fused").
         table.add_column(column, justify="left" if column in widths else "right", no_wrap=True, min_width=widths.get(column))
     for shape in report.shapes:
         label = ",".join(f"{k}={v}" for k, v in shape.shape.items())
         for figures in shape.runners:
             table.add_row(label, figures.runner, f"{figures.median_ms:.2f}", f"{figures.p10_ms:.2f}", f"{figures.p90_ms:.2f}",
-                          f"{figures.speedup:.2f}x", "-" if figures.peak_mib is None else f"{figures.peak_mib:.0f}")
+                          f"{figures.speedup:.2f}x", f"{figures.paired_speedup:.2f}x",
+                          f"{figures.paired_p10:.2f}-{figures.paired_p90:.2f}", f"{figures.first_call_ms:.0f}",
+                          "-" if figures.peak_mib is None else f"{figures.peak_mib:.0f}")
             label = ""
-    console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or a file gets whole rows
+    console = Console(width=None if sys.stdout.isatty() else 200)  # a pipe or a file gets whole rows
     console.print(table)
+    console.print("paired: median over rounds of eager's time / the runner's time in the same round (the figure to quote)")
+    console.print("setup: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.setup_s.items()))
     for peer, reason in report.peer_failures.items():
         console.print(f"peer {peer} could not be built: {reason}")
     if report.build_stages_s:

@@ -70,7 +70,7 @@ class ForkedStep:
         self.pid = os.fork()
         if self.pid == 0:  # the child: never returns, never runs the parent's cleanup
             os.close(read_end)
-            _die_with_parent(parent)
+            die_with_parent(parent)
             _child(function, write_end)
         gc.unfreeze()
         os.close(write_end)
@@ -124,8 +124,11 @@ class ForkedStep:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this child when its parent dies; die now if it already has."""
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies; die now if it already has.
+
+    Used by the forked export and by the bench's worker processes.
+    """
     libc_name = ctypes.util.find_library("c")
     if libc_name:
         ctypes.CDLL(libc_name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -120,11 +120,15 @@ def compare_outputs(
     return Comparison(artifact, shape, ok=all(o.ok for o in outputs), outputs=outputs, atol=atol, rtol=rtol)
 
 
+def eager_extra_arguments(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """What the eager model is called with beside the inputs, as the tracer calls it: no KV cache, whose objects are no tensors."""
+    return {"use_cache": False} if "use_cache" in forward_parameters(model) and "use_cache" not in inputs else {}
+
+
 def eager_outputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The eager reference, called as the tracer calls it: without a KV cache, whose objects are no tensors."""
-    extra = {"use_cache": False} if "use_cache" in forward_parameters(model) and "use_cache" not in inputs else {}
+    """The eager reference (see :func:`eager_extra_arguments`)."""
     with torch.no_grad():
-        return flatten_outputs(model(**inputs, **extra))
+        return flatten_outputs(model(**inputs, **eager_extra_arguments(model, inputs)))
 
 
 def run_module(module: Callable[..., Any], case: ShapeCase) -> dict[str, torch.Tensor]:

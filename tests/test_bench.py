@@ -1,40 +1,45 @@
-"""aot bench: interleaved timings, ratios against eager from the same run, peers, memory."""
+"""aot bench: each runner in its own process, paired ratios against eager from the same rounds, peers, memory."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
-
-from aot.bench_memory import measure_peak_mib
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_build(tmp_path_factory):
-    from aot.build import build
-    from tests.conftest import TINY_BERT
-
-    root = tmp_path_factory.mktemp("bench")
-    recipe = root / "tiny.yaml"
-    recipe.write_text(TINY_BERT)
-    return build(recipe, root / "out").output
-
-
-def test_bench_reports_every_runner_per_shape_as_ratio_to_eager(cli, tiny_build):
-    result = cli("bench", tiny_build, "-s", "batch=1,3", "--runs", "3", "--warmup", "1", "--no-memory", "--peers", "ort_dynamo", "--json")
+def test_bench_runs_each_runner_in_its_own_process_with_paired_ratios(cli, tiny_build):
+    result = cli("bench", tiny_build, "-s", "batch=1,3", "--runs", "3", "--warmup", "1", "--gap-ms", "1", "--peers", "ort_dynamo", "--json")
     assert result.exit_code == 0, result.described
     report = json.loads(result.stdout)
+    assert report["mode"] == "processes" and report["cpu"] and report["threads"] >= 1
+    assert set(report["pids"]) == {"eager", "graph_module", "onnx", "ort_dynamo"}
+    assert len(set(report["pids"].values())) == 4 and os.getpid() not in report["pids"].values()
     assert [shape["shape"] for shape in report["shapes"]] == [{"batch": 1, "sequence": 8}, {"batch": 3, "sequence": 8}]
     assert report["peer_failures"] == {}
     for shape in report["shapes"]:
         by_name = {r["runner"]: r for r in shape["runners"]}
         assert set(by_name) == {"eager", "graph_module", "onnx", "ort_dynamo"}
-        assert by_name["eager"]["speedup"] == 1.0
+        assert by_name["eager"]["speedup"] == 1.0 and by_name["eager"]["paired_speedup"] == 1.0
         for figures in by_name.values():
             assert 0 < figures["p10_ms"] <= figures["median_ms"] <= figures["p90_ms"]
             assert figures["speedup"] == pytest.approx(by_name["eager"]["median_ms"] / figures["median_ms"], rel=1e-2)
+            assert 0 < figures["paired_p10"] <= figures["paired_speedup"] <= figures["paired_p90"]
+            assert figures["first_call_ms"] > 0
+            assert figures["peak_mib"] is not None and 0 <= figures["peak_mib"] < 2048, figures
+
+
+def test_in_process_mode_is_labelled_and_has_no_memory(cli, tiny_build):
+    result = cli("bench", tiny_build, "--runs", "2", "--warmup", "1", "--gap-ms", "0", "--in-process", "--json")
+    assert result.exit_code == 0, result.described
+    report = json.loads(result.stdout)
+    assert report["mode"] == "in-process"
+    assert set(report["pids"].values()) == {os.getpid()}
+    assert all(r["peak_mib"] is None for shape in report["shapes"] for r in shape["runners"])
+    result = cli("bench", tiny_build, "--runs", "2", "--warmup", "1", "--gap-ms", "0", "--in-process")
+    assert "ALL RUNNERS IN ONE PROCESS" in result.stdout, result.described
 
 
 def test_bench_rejects_unknown_dim_and_peer(cli, tiny_build):
@@ -42,11 +47,3 @@ def test_bench_rejects_unknown_dim_and_peer(cli, tiny_build):
     assert result.exit_code == 2 and "no dim 'width'" in result.stderr, result.described
     result = cli("bench", tiny_build, "--peers", "tensorrt")
     assert result.exit_code == 2 and "unknown peer(s) tensorrt" in result.stderr, result.described
-
-
-def test_peak_memory_is_measured_per_runner_in_a_fresh_process(tiny_build):
-    from pathlib import Path
-
-    for runner in ("eager", "graph_module", "onnx"):
-        peak = measure_peak_mib(Path(tiny_build), runner, {"batch": 2, "sequence": 8}, threads=1)
-        assert peak is not None and 0 <= peak < 2048, (runner, peak)

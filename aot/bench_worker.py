@@ -1,0 +1,215 @@
+"""One bench runner, hosted alone: load it, take the inputs, warm up, time single calls.
+
+``aot bench`` starts one worker process per runner (``python -m aot.bench_worker``) and
+talks to it in JSON lines over its stdin and stdout, so that no runner shares a process,
+an allocator, a thread pool or a cache with another: one process holding several models
+slows them all, the eager baseline most. The same :class:`RunnerHost` also serves the
+labelled ``--in-process`` mode, where every host lives in the driver's process.
+
+Requests, one JSON object a line, each answered by one line:
+
+- ``{"op": "setup", ...RunnerSpec}``: load the runner -> ``{"setup_s", "baseline_mib", "pid"}``;
+- ``{"op": "warm", "shape": i, "calls": n, "memory": bool}`` -> ``{"first_call_ms", "peak_mib"}``;
+- ``{"op": "time", "shape": i}``: one call -> ``{"ms"}``;
+- ``{"op": "exit"}``.
+
+A failure answers ``{"error": message, "exit_code": code}``. The timed region is the call
+alone (and, on CUDA, the wait for the GPU), inside the worker: no pipe is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+INPUTS_FILE = "inputs.pt"
+
+
+@dataclass
+class RunnerSpec:
+    """What a host needs to load one runner of a checked build directory."""
+
+    build: str
+    runner: str  # eager | graph_module | onnx | a peer's name
+    threads: int
+    workdir: str  # shared by the hosts of one bench: the inputs file, the peers' ONNX files
+    shapes: list[dict[str, int]]
+    module_sha256: str | None = None  # graph_module/module.py as the manifest lists it
+    shared_process: bool = False  # in-process mode: ONNX Runtime must not spin between calls
+
+
+class RunnerHost:
+    def __init__(self, spec: RunnerSpec):
+        self.spec = spec
+        self.inputs: list[dict[str, Any]] = []
+        self.run: Any = None
+        self._finish = lambda: None
+        self.baseline_mib = 0.0
+
+    def setup(self) -> dict[str, float]:
+        import torch
+
+        torch.set_num_threads(self.spec.threads)
+        self.baseline_mib = _status_mib("VmRSS")
+        started = time.perf_counter()
+        self.run, self.inputs = self._load()
+        on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in self.inputs[0].values()) if self.inputs else False
+        # CUDA runs asynchronously: a call's time ends when the GPU has finished its work.
+        self._finish = torch.cuda.synchronize if on_cuda else (lambda: None)
+        return {"setup_s": round(time.perf_counter() - started, 3), "baseline_mib": round(self.baseline_mib, 1), "pid": os.getpid()}
+
+    def warm(self, shape: int, calls: int, memory: bool) -> dict[str, float | None]:
+        """``calls`` untimed calls at ``shape`` (the first one's time reported: a compiler compiles there).
+
+        With ``memory``, the process's peak resident set over those calls, less its resident set before
+        the runner was loaded (Linux: the peak is reset through ``/proc/self/clear_refs``).
+        """
+        if memory:
+            Path("/proc/self/clear_refs").write_text("5")
+        first_call_ms = self.time(shape)
+        for _ in range(calls - 1):
+            self.time(shape)
+        peak = round(max(_status_mib("VmHWM") - self.baseline_mib, 0.0), 1) if memory else None
+        return {"first_call_ms": round(first_call_ms, 3), "peak_mib": peak}
+
+    def time(self, shape: int) -> float:
+        import torch
+
+        inputs = self.inputs[shape]
+        with torch.inference_mode():
+            started = time.perf_counter()
+            self.run(inputs)
+            self._finish()
+            return (time.perf_counter() - started) * 1000
+
+    def _load(self) -> tuple[Any, list[dict[str, Any]]]:
+        from aot import export
+        from aot.bench_peers import build_peer
+        from aot.inputs import dynamic_axes, make_inputs
+        from aot.models import load_model, load_tokenizer
+        from aot.validate import eager_extra_arguments, recipe_of_build
+
+        spec, build = self.spec, Path(self.spec.build)
+        loaded = recipe_of_build(build, json.loads((build / "manifest.json").read_text()))
+        inputs_file = Path(spec.workdir) / INPUTS_FILE
+        needs_model = spec.runner not in ("graph_module", "onnx")  # eager, and the peers built from it
+        if needs_model:
+            model = load_model(loaded)
+            if not inputs_file.exists():  # the eager host goes first and makes every shape's inputs
+                import torch
+
+                tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
+                made = [make_inputs(loaded, model, shape, seed=loaded.recipe.model.seed, tokenizer=tokenizer) for shape in spec.shapes]
+                torch.save(made, inputs_file)
+        inputs = _read_inputs(inputs_file)
+        if spec.runner == "eager":
+            extra = eager_extra_arguments(model, inputs[0])
+            return (lambda given: model(**given, **extra)), inputs
+        if spec.runner == "graph_module":
+            device = inputs[0][next(iter(inputs[0]))].device
+            saved = export.load_standalone(build / "graph_module", spec.module_sha256).to(device)
+            return (lambda given: saved(**given)), inputs
+        if spec.runner == "onnx":
+            return _onnx_runner(build / "model.onnx", spec, inputs), inputs
+        runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(loaded), Path(spec.workdir), spec.threads,
+                            spinning=not spec.shared_process)
+        return runner, inputs
+
+
+def _onnx_runner(path: Path, spec: RunnerSpec, inputs: list[dict[str, Any]]) -> Any:
+    """ONNX Runtime where the inputs are: on CUDA, inputs and outputs stay in GPU memory, as eager's do."""
+    import onnxruntime
+
+    from aot.bench_peers import session_runner
+    from aot.errors import RecipeError
+
+    device = inputs[0][next(iter(inputs[0]))].device
+    if device.type != "cuda":
+        return session_runner(path, spec.threads, spinning=not spec.shared_process)
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        raise RecipeError(f"{path}: the model runs on {device}, but this ONNX Runtime has no CUDAExecutionProvider (pip install onnxruntime-gpu)")
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = spec.threads
+    session = onnxruntime.InferenceSession(str(path), options, providers=[("CUDAExecutionProvider", {"device_id": device.index or 0})])
+    names = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+    element_types = {}
+
+    def run(given: dict[str, Any]) -> Any:
+        binding = session.io_binding()
+        for name in names:
+            tensor = given[name].contiguous()
+            if tensor.dtype not in element_types:  # looked up once: this runs inside the timed region
+                element_types[tensor.dtype] = tensor.new_empty(()).cpu().numpy().dtype
+            binding.bind_input(name, "cuda", device.index or 0, element_types[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+        for name in outputs:
+            binding.bind_output(name, "cuda", device.index or 0)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()
+
+    return run
+
+
+def _read_inputs(path: Path) -> list[dict[str, Any]]:
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
+def _status_mib(field: str) -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def serve(requests: Any, answer: Any) -> None:
+    """Answer ``requests`` (an iterator of JSON lines) through ``answer(dict)`` until ``exit``."""
+    from aot.errors import AotError
+
+    host: RunnerHost | None = None
+    for line in requests:
+        request = json.loads(line)
+        op = request.pop("op")
+        try:
+            if op == "exit":
+                return
+            if op == "setup":
+                host = RunnerHost(RunnerSpec(**request))
+                answer(host.setup())
+            elif op == "warm":
+                answer(host.warm(request["shape"], request["calls"], request["memory"]))
+            elif op == "time":
+                answer({"ms": host.time(request["shape"])})
+        except AotError as error:
+            answer({"error": str(error), "exit_code": error.exit_code})
+        except Exception as error:  # reported to the driver, which decides what it means (a peer that failed)
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            answer({"error": f"{type(error).__name__}: {first_line}", "exit_code": 1})
+
+
+def _main() -> None:
+    from aot.forked import die_with_parent
+
+    die_with_parent(os.getppid())
+    # The protocol owns the real stdout; whatever a library prints goes to stderr (the driver's log file).
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def answer(reply: dict[str, Any]) -> None:
+        protocol.write(json.dumps(reply) + "\n")
+
+    serve(sys.stdin, answer)
+
+
+if __name__ == "__main__":
+    _main()
+
