@@ -64,11 +64,11 @@ def _build_dims(
         for axis, dim_name in axes.items():
             if not -rank <= int(axis) < rank:
                 raise TraceError(f"dynamic_dims['{input_name}'] names axis {axis}, but that input has rank {rank}")
-            if dim_name in dim_ranges:
-                low, high = dim_ranges[dim_name]
-                ranges[dim_name] = [int(low), None if high is None else int(high)]
-                continue
             low = 1 if "batch" in dim_name else 2
+            given_low, given_high = dim_ranges.get(dim_name, (None, None))
+            if given_low is not None or given_high is not None:  # a recipe dim without min and max takes the defaults
+                ranges[dim_name] = [low if given_low is None else int(given_low), None if given_high is None else int(given_high)]
+                continue
             high = None
             if int(axis) != 0 and max_positions and any(m in input_name for m in _TOKEN_INPUT_MARKERS):
                 high = max_positions
