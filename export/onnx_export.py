@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import logging
 import os
 import re
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,8 @@ import torch.fx
 
 from aot.errors import ExportError
 from aot.outputs import flatten_outputs
+from aot.quiet import quiet_torch
+from aot.tracing.source_location import raised_at
 
 from .onnx_float16 import convert_to_float16
 from .ort_fusions import Target, fuse_for_ort
@@ -220,10 +220,10 @@ def quiet_exporter_logs():
 
 
 def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize):
-    captured = io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(captured), quiet_exporter_logs():
-            warnings.simplefilter("ignore")
+        # Quieted here, not by the caller: the build runs this in a forked child, whose stderr is
+        # the terminal. quiet_torch comes second, so that it holds the registration logger too.
+        with quiet_exporter_logs(), quiet_torch("torch.onnx.export"):
             program = torch.onnx.export(
                 gm,
                 (),
@@ -240,19 +240,23 @@ def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimiz
             )
     except Exception as error:
         raise ExportError(f"torch.onnx.export rejects the graph for {path.name}: {_exporter_reason(error)}") from None
-    if captured.getvalue():
-        logger.debug("torch.onnx.export said:\n%s", captured.getvalue())
     return program
 
 
 def _exporter_reason(error: BaseException) -> str:
-    """The innermost cause names the op at fault; the exporter's own messages are long reports."""
+    """The innermost cause names the op at fault; the exporter's own messages are long reports.
+
+    Where that cause was raised in model code (a leaf module's ``forward`` that torch.export
+    traces into), the line is named too.
+    """
     chain = []
     while error is not None and len(chain) < 20:
         chain.append(error)
         error = error.__cause__ or error.__context__
     innermost = chain[-1]
-    return f"{type(innermost).__name__}: {_first_line(innermost)}"
+    location = raised_at(innermost)
+    where = f" at {location}" if location is not None else ""
+    return f"{type(innermost).__name__}{where}: {_first_line(innermost)}"
 
 
 def _first_line(error: BaseException) -> str:

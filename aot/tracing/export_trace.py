@@ -29,9 +29,11 @@ import torch
 import torch.fx
 
 from aot.errors import TraceError
+from aot.quiet import quiet_torch
 
 from .model_state import disable_hooked_forward, preserved_model_state
 from .scope import Scope, qualified_type_name
+from .source_location import raised_at
 
 logger = logging.getLogger(__name__)
 
@@ -110,13 +112,16 @@ def export_trace(
     dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, dim_ranges)
     with disable_hooked_forward(model), preserved_model_state(model) as restored:
         try:
-            program = torch.export.export(
-                model, (), kwargs=dict(example_kwargs), dynamic_shapes=dynamic_shapes, strict=False
-            )
+            with quiet_torch("torch.export"):
+                program = torch.export.export(
+                    model, (), kwargs=dict(example_kwargs), dynamic_shapes=dynamic_shapes, strict=False
+                )
         except Exception as error:  # torch.export raises many types; report one line
             first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            location = raised_at(error)
+            where = f" at {location}" if location is not None else ""
             raise TraceError(
-                f"torch.export failed on {type(model).__name__}: {type(error).__name__}: {first_line[:400]}"
+                f"torch.export failed on {type(model).__name__}{where}: {type(error).__name__}: {first_line[:400]}"
             ) from error
     gm = program.module()
     root_scope = Scope("", qualified_type_name(model))

@@ -28,6 +28,7 @@ import torch
 import torch.fx
 
 from aot.errors import TraceError
+from aot.quiet import quiet_torch
 
 from .dummy_inputs import default_input_names, forward_parameters, make_dummy_inputs
 from .model_state import disable_hooked_forward, preserved_model_state
@@ -219,14 +220,15 @@ def symbolic_trace(
     adapter = _OutputAdapter()
     with disable_hooked_forward(model), preserved_model_state(model) as restored:
         try:
-            graph = tracer.trace_model(
-                model,
-                input_names,
-                dummy_inputs,
-                static_kwargs=static_kwargs,
-                concrete_args=concrete_args,
-                output_adapter=adapter,
-            )
+            with quiet_torch("the fx tracer"):  # fake tensors log the error of an op that fails on them
+                graph = tracer.trace_model(
+                    model,
+                    input_names,
+                    dummy_inputs,
+                    static_kwargs=static_kwargs,
+                    concrete_args=concrete_args,
+                    output_adapter=adapter,
+                )
         except TraceError:
             raise
         except torch.fx.proxy.TraceError as error:
