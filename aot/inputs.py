@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from aot.model_blueprint import check_forward_accepts
 from aot.models import forward_parameters, load_tokenizer
 from aot.recipe import LoadedRecipe
+from aot.recipe_ranges import shape_case_dims
 from aot.recipe_schema import TensorSpec
 
 
@@ -31,15 +33,8 @@ class ShapeCase:
 
 
 def check_input_names(loaded: LoadedRecipe, model: torch.nn.Module) -> None:
-    accepted = forward_parameters(model)
-    for index, tensor in enumerate(loaded.recipe.inputs.tensors):
-        if tensor.name not in accepted:
-            raise loaded.error(
-                ("inputs", "tensors", index, "name"),
-                f"{type(model).__name__}.forward has no input '{tensor.name}' (it takes: {', '.join(accepted)})",
-            )
-    if not loaded.recipe.inputs.tensors:
-        raise loaded.error(("inputs",), "name at least one input tensor under inputs.tensors")
+    """The built model's forward takes every input the recipe names (a factory model has no earlier check)."""
+    check_forward_accepts(loaded, type(model).__name__, forward_parameters(model))
 
 
 def dynamic_axes(loaded: LoadedRecipe) -> dict[str, dict[int, str]]:
@@ -58,36 +53,12 @@ def dim_ranges(loaded: LoadedRecipe) -> dict[str, tuple[int | None, int | None]]
 
 
 def shape_cases(loaded: LoadedRecipe, model: torch.nn.Module) -> list[ShapeCase]:
-    trace_dims = {name: dim.size for name, dim in loaded.recipe.inputs.dims.items()}
-    requested = loaded.recipe.validate_.shapes or _default_extra_shapes(loaded)
-    cases = [trace_dims]
-    for index, overrides in enumerate(requested):
-        for name, size in overrides.items():
-            dim = loaded.recipe.inputs.dims.get(name)
-            if dim is None:
-                raise loaded.error(("validate", "shapes", index, name), f"no dim '{name}' under inputs.dims")
-            if size != dim.size and not dim.dynamic:
-                raise loaded.error(("validate", "shapes", index, name), f"dim '{name}' is not dynamic, so it stays {dim.size}")
-        dims = {**trace_dims, **overrides}
-        if dims not in cases:
-            cases.append(dims)
+    # load_recipe has checked validate.shapes against the dims.
     texts_tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
     return [
         ShapeCase(dims=dims, inputs=make_inputs(loaded, model, dims, seed=loaded.recipe.model.seed + index, tokenizer=texts_tokenizer))
-        for index, dims in enumerate(cases)
+        for index, dims in enumerate(shape_case_dims(loaded))
     ]
-
-
-def _default_extra_shapes(loaded: LoadedRecipe) -> list[dict[str, int]]:
-    dynamic = {name: dim for name, dim in loaded.recipe.inputs.dims.items() if dim.dynamic}
-    if not dynamic:
-        return []
-    smaller, larger = {}, {}
-    for name, dim in dynamic.items():
-        low, high = dim.min or 1, dim.max or dim.size * 2
-        smaller[name] = max(low, dim.size // 2, 1)
-        larger[name] = min(high, dim.size * 2 - 1 if dim.size > 1 else 3)
-    return [shape for shape in (smaller, larger) if shape]
 
 
 def make_inputs(

@@ -4,6 +4,11 @@ Three sources: an inline transformers config (weights from the recipe's
 seed), a local pretrained directory, or a ``package.module:function``
 factory. The hub is never contacted: this tool runs in release jobs that must
 not depend on the network.
+
+What the recipe got wrong about a transformers model is checked on its
+blueprint (:mod:`aot.model_blueprint`) before any weight is built; a factory
+that raises, or weights files that cannot be read, are the recipe's faults too
+and are reported as such, naming the key or the file.
 """
 
 from __future__ import annotations
@@ -12,10 +17,15 @@ import importlib
 import inspect
 import logging
 import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from aot.errors import AotError
+from aot.model_blueprint import Blueprint, first_line, forward_input_names, model_blueprint
 from aot.recipe import LoadedRecipe, pretrained_directory
 
 log = logging.getLogger(__name__)
@@ -23,17 +33,19 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+WEIGHTS_SUFFIXES = (".safetensors", ".bin")
+
 
 def load_model(loaded: LoadedRecipe) -> torch.nn.Module:
     spec = loaded.recipe.model
+    device = _available_device(loaded)
     torch.manual_seed(spec.seed)
     if spec.factory is not None:
         model = _from_factory(loaded)
-    elif spec.config is not None:
-        model = _from_config(loaded)
     else:
-        model = _from_pretrained(loaded)
-    model = model.to(device=_available_device(loaded), dtype=getattr(torch, spec.dtype)).eval()
+        blueprint = model_blueprint(loaded)  # checks config, input names and sizes before any weight exists
+        model = _from_config(loaded, blueprint) if spec.config is not None else _from_pretrained(loaded, blueprint)
+    model = model.to(device=device, dtype=getattr(torch, spec.dtype)).eval()
     log.info("loaded %s with %d parameters", type(model).__name__, sum(p.numel() for p in model.parameters()))
     return model
 
@@ -56,17 +68,12 @@ def load_tokenizer(loaded: LoadedRecipe) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(pretrained_directory(loaded)), local_files_only=True)
     except (OSError, ValueError) as error:
-        raise loaded.error(("model", "pretrained"), f"cannot load its tokenizer: {_first_line(error)}") from None
+        raise loaded.error(("model", "pretrained"), f"cannot load its tokenizer: {first_line(error)}") from None
 
 
 def forward_parameters(model: torch.nn.Module) -> list[str]:
     """Named parameters of ``forward`` that an input may bind to (``**kwargs`` excluded)."""
-    signature = inspect.signature(model.forward)
-    return [
-        name
-        for name, parameter in signature.parameters.items()
-        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-    ]
+    return forward_input_names(model.forward)
 
 
 def _from_factory(loaded: LoadedRecipe) -> torch.nn.Module:
@@ -77,21 +84,35 @@ def _from_factory(loaded: LoadedRecipe) -> torch.nn.Module:
     try:
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
-        raise loaded.error(("model", "factory"), f"cannot import '{spec.factory}': {_first_line(error)}") from None
-    model = function(**spec.factory_kwargs)
+        raise loaded.error(("model", "factory"), f"cannot import '{spec.factory}': {first_line(error)}") from None
+    _check_factory_kwargs(loaded, function)
+    try:
+        model = function(**spec.factory_kwargs)
+    except AotError:
+        raise
+    except Exception as error:  # the factory is the recipe's code: its failure is the recipe's
+        raise loaded.error(("model", "factory"), f"'{spec.factory}' raised {type(error).__name__}: {first_line(error)}") from None
     if not isinstance(model, torch.nn.Module):
         raise loaded.error(("model", "factory"), f"'{spec.factory}' returned {type(model).__name__}, not an nn.Module")
     return model
 
 
-def _model_class(loaded: LoadedRecipe) -> Any:
-    import transformers
-
-    name = loaded.recipe.model.model_class or "AutoModel"
-    cls = getattr(transformers, name, None)
-    if cls is None:
-        raise loaded.error(("model", "class"), f"transformers has no class '{name}'")
-    return cls
+def _check_factory_kwargs(loaded: LoadedRecipe, function: Callable) -> None:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # no signature to check against (a builtin): calling it says what is wrong
+    try:
+        signature.bind(**loaded.recipe.model.factory_kwargs)
+    except TypeError as error:
+        # Names and defaults only: annotations may be unevaluated strings, and are noise here.
+        bare = signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
+        )
+        raise loaded.error(
+            ("model", "factory_kwargs"), f"do not fit {loaded.recipe.model.factory}{bare}: {first_line(error)}"
+        ) from None
 
 
 def _attention_kwargs(loaded: LoadedRecipe) -> dict[str, Any]:
@@ -99,38 +120,36 @@ def _attention_kwargs(loaded: LoadedRecipe) -> dict[str, Any]:
     return {"attn_implementation": implementation} if implementation else {}
 
 
-def _from_config(loaded: LoadedRecipe) -> torch.nn.Module:
-    from transformers import AutoConfig
-
-    overrides = dict(loaded.recipe.model.config)
-    model_type = overrides.pop("model_type")
-    try:
-        defaults = AutoConfig.for_model(model_type)
-    except ValueError:
-        raise loaded.error(("model", "config", "model_type"), f"unknown transformers model_type '{model_type}'") from None
-    known = set(defaults.to_dict()) | set(getattr(defaults, "attribute_map", {}))
-    for key in overrides:
-        if key not in known and not hasattr(defaults, key):
-            raise loaded.error(("model", "config", key), f"unknown {type(defaults).__name__} key")
-    config = AutoConfig.for_model(model_type, **overrides)
-    cls = _model_class(loaded)
+def _from_config(loaded: LoadedRecipe, blueprint: Blueprint) -> torch.nn.Module:
+    cls = blueprint.model_class
     try:
         if hasattr(cls, "from_config"):
-            return cls.from_config(config, **_attention_kwargs(loaded))
-        return cls._from_config(config, **_attention_kwargs(loaded))
+            return cls.from_config(blueprint.config, **_attention_kwargs(loaded))
+        return cls._from_config(blueprint.config, **_attention_kwargs(loaded))
     except (ValueError, TypeError) as error:
-        raise loaded.error(("model", "class"), f"cannot build {cls.__name__} from this config: {_first_line(error)}") from None
+        raise loaded.error(("model", "class"), f"cannot build {cls.__name__} from this config: {first_line(error)}") from None
 
 
-def _from_pretrained(loaded: LoadedRecipe) -> torch.nn.Module:
-    cls = _model_class(loaded)
+def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint) -> torch.nn.Module:
     directory = pretrained_directory(loaded)
+    weights = sorted(path for path in directory.iterdir() if path.suffix in WEIGHTS_SUFFIXES)
+    for path in weights:
+        if path.suffix == ".safetensors":
+            _check_safetensors(loaded, path)
     try:
-        return cls.from_pretrained(str(directory), local_files_only=True, **_attention_kwargs(loaded))
-    except (OSError, ValueError) as error:
-        raise loaded.error(("model", "pretrained"), f"cannot load {directory}: {_first_line(error)}") from None
+        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **_attention_kwargs(loaded))
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        # Reading the user's files: a torch checkpoint truncated or not a checkpoint at all, shapes that do not match.
+        names = ", ".join(path.name for path in weights) or "no weights file"
+        raise loaded.error(("model", "pretrained"), f"cannot load {directory} ({names}): {first_line(error)}") from None
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+def _check_safetensors(loaded: LoadedRecipe, path: Path) -> None:
+    """Reads the header only: a truncated or garbled file fails here, named, rather than inside transformers."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as error:
+        raise loaded.error(("model", "pretrained"), f"weights file {path} is corrupt or truncated: {first_line(error)}") from None

@@ -1,10 +1,11 @@
 """Load a recipe file into typed objects, with errors that name file, line and key.
 
-The YAML is composed into nodes first, so that every key and list item keeps
-the line it came from; pydantic's error locations are then mapped back onto
-those lines. Pass names and pass options are checked against the registry
-here, at load time, so a recipe never fails half-way through a build for a
-reason that was visible in the file.
+The YAML is read within fixed limits and composed into nodes first
+(:mod:`aot.recipe_yaml`), so that every key and list item keeps the line it
+came from; pydantic's error locations are then mapped back onto those lines.
+Sizes are checked against each other (:mod:`aot.recipe_ranges`), and pass
+names and pass options against the registry, here, at load time, so a recipe
+never fails half-way through a build for a reason that was visible in the file.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-import yaml
 
 from aot.errors import RecipeError
+from aot.recipe_ranges import check_position_limit, check_validation_shapes
 from aot.recipe_schema import PassSpec, Recipe
-
-Location = tuple[str | int, ...]
+from aot.recipe_yaml import Location, dotted, parse_recipe_yaml, read_recipe_text
 
 
 @dataclass
@@ -48,7 +48,7 @@ class LoadedRecipe:
         return f"{self.path}:{_line_for(self.lines, location)}"
 
     def error(self, location: Location, message: str) -> RecipeError:
-        key = _dotted(location)
+        key = dotted(location)
         return RecipeError(f"{self.where(*location)}: {key}: {message}" if key else f"{self.where()}: {message}")
 
     def resolved(self) -> dict[str, Any]:
@@ -62,13 +62,8 @@ class LoadedRecipe:
 
 def load_recipe(path: str | Path) -> LoadedRecipe:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise RecipeError(f"{path}: recipe file not found") from None
-    except OSError as error:
-        raise RecipeError(f"{path}: cannot read recipe: {error.strerror}") from None
-    data, lines = _parse_yaml(path, text)
+    text = read_recipe_text(path)
+    data, lines = parse_recipe_yaml(path, text)
     if not isinstance(data, dict):
         raise RecipeError(f"{path}:1: a recipe is a YAML mapping with at least a `model` key")
     try:
@@ -76,6 +71,8 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     except pydantic.ValidationError as error:
         raise _pydantic_error(path, lines, error, rename={"validate_": "validate"}) from None
     loaded = LoadedRecipe(path=path, recipe=recipe, passes=[], text=text, lines=lines)
+    check_validation_shapes(loaded)
+    # The pass registry imports torch (seconds): everything above is reported without it.
     loaded.passes = _resolve_passes(loaded, loaded.recipe.passes, ("passes",))
     loaded.graph_module_passes = _resolve_passes(
         loaded, loaded.recipe.export.graph_module.passes, ("export", "graph_module", "passes")
@@ -84,51 +81,11 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     return loaded
 
 
-def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[Location, int]]:
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise RecipeError(f"{path}:{line}: malformed YAML: {problem}") from None
-    if root is None:
-        raise RecipeError(f"{path}:1: the recipe is empty")
-    lines: dict[Location, int] = {}
-    _index_lines(path, root, (), lines)
-    data = yaml.safe_load(text)
-    return data, lines
-
-
-def _index_lines(path: Path, node: yaml.Node, location: Location, lines: dict[Location, int]) -> None:
-    lines[location] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = key_node.value
-            if key in seen:
-                raise RecipeError(f"{path}:{key_node.start_mark.line + 1}: {_dotted(location + (key,))}: duplicate key")
-            seen.add(key)
-            _index_lines(path, value_node, location + (key,), lines)
-            # The key's own line, not the value's: that is where a user looks for it.
-            lines[location + (key,)] = key_node.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _index_lines(path, item, location + (index,), lines)
-
-
 def _line_for(lines: dict[Location, int], location: Location) -> int:
     for cut in range(len(location), -1, -1):
         if location[:cut] in lines:
             return lines[location[:cut]]
     return 1
-
-
-def _dotted(location: Location) -> str:
-    text = ""
-    for part in location:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
 
 
 def _pydantic_error(
@@ -146,7 +103,7 @@ def _pydantic_error(
             message += f" (got {first['input']!r})"
     more = len(error.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    key = _dotted(location)
+    key = dotted(location)
     return RecipeError(f"{path}:{_line_for(lines, location)}: {key + ': ' if key else ''}{message}{suffix}")
 
 
@@ -192,8 +149,20 @@ def _check_files(loaded: LoadedRecipe) -> None:
         directory = pretrained_directory(loaded)
         if not directory.is_dir():
             raise loaded.error(("model", "pretrained"), f"pretrained directory not found: {directory}")
-        if not (directory / "config.json").is_file():
+        config_path = directory / "config.json"
+        if not config_path.is_file():
             raise loaded.error(("model", "pretrained"), f"no config.json in pretrained directory {directory}")
+        check_position_limit(loaded, _read_json_object(loaded, config_path), str(config_path))
+
+
+def _read_json_object(loaded: LoadedRecipe, path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise loaded.error(("model", "pretrained"), f"cannot read {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise loaded.error(("model", "pretrained"), f"{path} holds no JSON object")
+    return data
 
 
 def pretrained_directory(loaded: LoadedRecipe) -> Path:

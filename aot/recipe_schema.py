@@ -73,6 +73,16 @@ class DimSpec(_Strict):
     min: int | None = Field(None, ge=1, description="Smallest size accepted when dynamic.")
     max: int | None = Field(None, ge=1, description="Largest size accepted when dynamic.")
 
+    @model_validator(mode="after")
+    def _size_within_range(self) -> DimSpec:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        if self.min is not None and self.size < self.min:
+            raise ValueError(f"size {self.size} is below min {self.min}")
+        if self.max is not None and self.size > self.max:
+            raise ValueError(f"size {self.size} is above max {self.max}")
+        return self
+
 
 class TensorSpec(_Strict):
     """One model input."""
@@ -128,15 +138,16 @@ class TraceSpec(_Strict):
 class Tolerance(_Strict):
     """How far an artifact's outputs may be from eager: |a-b| <= atol + rtol*|b|, element by element."""
 
-    atol: float = Field(description="Absolute tolerance.", ge=0)
-    rtol: float = Field(description="Relative tolerance.", ge=0)
+    atol: float = Field(description="Absolute tolerance.", ge=0, allow_inf_nan=False)
+    rtol: float = Field(description="Relative tolerance.", ge=0, allow_inf_nan=False)
 
 
 class ValidateSpec(_Strict):
     """Numerical comparison of every artifact against the eager model."""
 
-    atol: float = Field(1e-4, ge=0, description="Absolute tolerance.")
-    rtol: float = Field(1e-4, ge=0, description="Relative tolerance: |a-b| <= atol + rtol*|b|.")
+    # Finite: an infinite tolerance (`.inf`) would pass any output, so it is refused like a negative one.
+    atol: float = Field(1e-4, ge=0, allow_inf_nan=False, description="Absolute tolerance.")
+    rtol: float = Field(1e-4, ge=0, allow_inf_nan=False, description="Relative tolerance: |a-b| <= atol + rtol*|b|.")
     float16: Tolerance = Field(
         default_factory=lambda: Tolerance(atol=2e-2, rtol=1e-2),
         description="Tolerances for a float16 artifact (`export.onnx.precision`) against the float32 eager model: "

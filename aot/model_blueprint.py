@@ -1,0 +1,120 @@
+"""What a transformers model will be, known before any of its weights exist.
+
+Building BERT-base takes about a minute on a CPU. The mistakes a recipe can
+make about its model (an unknown config key, an input its ``forward`` does not
+take, a sequence longer than its position embeddings) show in the config and
+the class alone, so :func:`model_blueprint` finds those two and checks them
+first. A factory model is known only once it is built: it has no blueprint, and
+:func:`check_forward_accepts` runs on the built model instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aot.recipe import LoadedRecipe, pretrained_directory
+from aot.recipe_ranges import POSITION_LIMIT_KEYS, check_position_limit
+
+
+@dataclass
+class Blueprint:
+    """A transformers model's config and classes, checked against the recipe."""
+
+    config: Any  # a transformers PretrainedConfig
+    model_class: type  # what the recipe asks to build: `model.class`, or AutoModel
+    forward_class: type | None  # the class whose forward runs (AutoModel resolved), when transformers can tell
+
+
+def model_blueprint(loaded: LoadedRecipe) -> Blueprint | None:
+    """The config and class of ``model.config`` or ``model.pretrained``, checked; None for a factory."""
+    spec = loaded.recipe.model
+    if spec.factory is not None:
+        return None
+    config = _inline_config(loaded) if spec.config is not None else _pretrained_config(loaded)
+    model_class = requested_class(loaded)
+    blueprint = Blueprint(config=config, model_class=model_class, forward_class=_concrete_class(model_class, config))
+    if blueprint.forward_class is not None:
+        check_forward_accepts(loaded, blueprint.forward_class.__name__, forward_input_names(blueprint.forward_class.forward, bound=False))
+    return blueprint
+
+
+def forward_input_names(forward: Callable, bound: bool = True) -> list[str]:
+    """Parameters of ``forward`` that an input may bind to by name (``*args``, ``**kwargs`` and ``self`` excluded)."""
+    parameters = list(inspect.signature(forward).parameters.values())
+    if not bound:
+        parameters = parameters[1:]  # self
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_forward_accepts(loaded: LoadedRecipe, owner: str, accepted: list[str]) -> None:
+    """Every input the recipe names is a parameter of ``owner``'s forward, whose parameters are ``accepted``."""
+    for index, tensor in enumerate(loaded.recipe.inputs.tensors):
+        if tensor.name not in accepted:
+            raise loaded.error(
+                ("inputs", "tensors", index, "name"),
+                f"{owner}.forward has no input '{tensor.name}' (it takes: {', '.join(accepted)})",
+            )
+    if not loaded.recipe.inputs.tensors:
+        raise loaded.error(("inputs",), "name at least one input tensor under inputs.tensors")
+
+
+def requested_class(loaded: LoadedRecipe) -> type:
+    import transformers
+
+    name = loaded.recipe.model.model_class or "AutoModel"
+    cls = getattr(transformers, name, None)
+    if not isinstance(cls, type):
+        raise loaded.error(("model", "class"), f"transformers has no class '{name}'")
+    return cls
+
+
+def _inline_config(loaded: LoadedRecipe) -> Any:
+    from transformers import AutoConfig
+
+    overrides = dict(loaded.recipe.model.config)
+    model_type = overrides.pop("model_type")
+    try:
+        defaults = AutoConfig.for_model(model_type)
+    except ValueError:
+        raise loaded.error(("model", "config", "model_type"), f"unknown transformers model_type '{model_type}'") from None
+    known = set(defaults.to_dict()) | set(getattr(defaults, "attribute_map", {}))
+    for key in overrides:
+        if key not in known and not hasattr(defaults, key):
+            raise loaded.error(("model", "config", key), f"unknown {type(defaults).__name__} key")
+    try:
+        config = AutoConfig.for_model(model_type, **overrides)
+    except (ValueError, TypeError) as error:
+        raise loaded.error(("model", "config"), f"not a valid {type(defaults).__name__}: {first_line(error)}") from None
+    stated = any(key in overrides for key in POSITION_LIMIT_KEYS)
+    check_position_limit(loaded, config.to_dict(), "set in model.config" if stated else f"{type(config).__name__}'s default")
+    return config
+
+
+def _pretrained_config(loaded: LoadedRecipe) -> Any:
+    # load_recipe has read config.json as JSON and checked its position limit already.
+    from transformers import AutoConfig
+
+    directory = pretrained_directory(loaded)
+    try:
+        return AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise loaded.error(("model", "pretrained"), f"cannot read {directory / 'config.json'}: {first_line(error)}") from None
+
+
+def _concrete_class(model_class: type, config: Any) -> type | None:
+    """The class an Auto class builds for ``config``; ``model_class`` itself when it is no Auto class."""
+    mapping = getattr(model_class, "_model_mapping", None)  # transformers' Auto classes (a private attribute)
+    if mapping is None:
+        return model_class
+    try:
+        return mapping[type(config)]
+    except (KeyError, ValueError, AttributeError):
+        return None  # left to the build, which says which configs the Auto class takes
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
