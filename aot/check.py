@@ -43,8 +43,18 @@ class CheckReport:
     validation_shapes: list[dict[str, int]]  # the trace-time shape first
     not_checked: list[str] = field(default_factory=list)  # what only a build can tell
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def summary(self) -> str:
+        dims = ", ".join(
+            f"{name}={dim.size}" + (f" ({dim.min or 1}..{dim.max if dim.max is not None else 'any'})" if dim.dynamic else "")
+            for name, dim in self.dims.items()
+        )
+        model = self.model + (f" -> {self.model_class}" if self.model_class else "")
+        text = (f"{self.name}: {model}; {len(self.passes)} passes + {len(self.graph_module_passes)} for the GraphModule; "
+                f"dims {dims}; validated at {len(self.validation_shapes)} shapes")
+        return text + (f"; left to the build: {'; '.join(self.not_checked)}" if self.not_checked else "")
 
 
 def check_recipe(path: str | Path) -> CheckReport:

@@ -35,7 +35,7 @@ def test_shipped_bert_recipe_report(no_weights):
     assert report.dims == {"batch": DimRange(2, True, 1, 64), "sequence": DimRange(64, True, 2, 512)}
     assert report.validation_shapes == [{"batch": 2, "sequence": 64}, {"batch": 1, "sequence": 128}, {"batch": 4, "sequence": 17}]
     assert report.not_checked == ["numerical validation (needs the weights)"]
-    json.dumps(report.as_dict())  # the CLI's --json form
+    json.dumps(report.to_json())  # the CLI's --json form
 
 
 def test_default_validation_shapes_are_reported(write_recipe, no_weights):
