@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -94,44 +96,37 @@ def test_an_empty_directory_and_an_earlier_build_are_replaced(cli, tmp_path, wri
     assert result.exit_code == 0, result.described
 
 
-def _mount_tmpfs(mountpoint: Path, options: str) -> None:
-    import subprocess
-
+@contextlib.contextmanager
+def _tmpfs(mountpoint: Path, options: str):
+    """A small filesystem of our own (read-only, or full): skipped where this process may not mount one."""
     mountpoint.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mountpoint)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=False)
 
 
-def _unmount(mountpoint: Path) -> None:
-    import subprocess
-
-    subprocess.run(["umount", str(mountpoint)], check=False)
+def _build_into(directory: Path, tmp_path: Path):
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY_BERT)
+    return run_aot("build", recipe, "-o", directory / "out", cwd=tmp_path)
 
 
 def test_read_only_output_is_refused_before_any_work(tmp_path):
-    mountpoint = tmp_path / "ro"
-    _mount_tmpfs(mountpoint, "size=1m,ro")
-    try:
-        recipe = tmp_path / "tiny.yaml"
-        recipe.write_text(TINY_BERT)
-        result = run_aot("build", recipe, "-o", mountpoint / "out", cwd=tmp_path)
-        assert result.returncode == 2, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1 and "not writable" in result.stderr, result.stderr
-    finally:
-        _unmount(mountpoint)
+    with _tmpfs(tmp_path / "ro", "size=1m,ro") as mountpoint:
+        result = _build_into(mountpoint, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "not writable" in result.stderr, result.stderr
 
 
 def test_a_full_disk_is_an_export_failure_and_leaves_nothing(tmp_path):
-    mountpoint = tmp_path / "full"
-    _mount_tmpfs(mountpoint, "size=200k")
-    try:
-        recipe = tmp_path / "tiny.yaml"
-        recipe.write_text(TINY_BERT)
-        result = run_aot("build", recipe, "-o", mountpoint / "out", cwd=tmp_path)
-        assert result.returncode == 6, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and "No space left on device" in lines[0], result.stderr
-        assert list(mountpoint.iterdir()) == [], "the staging directory is removed"
-    finally:
-        _unmount(mountpoint)
+    with _tmpfs(tmp_path / "full", "size=200k") as mountpoint:
+        result = _build_into(mountpoint, tmp_path)
+        left = list(mountpoint.iterdir())
+    assert result.returncode == 6, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0], result.stderr
+    assert left == [], "the staging directory is removed"
