@@ -6,7 +6,8 @@ runner lives in a worker process of its own (:mod:`aot.bench_worker`) and this d
 sends it requests. For each shape of the grid:
 
 1. every worker is warmed up (its first call's time is kept: a compiler compiles there), and,
-   unless ``memory=False``, its peak resident set over its load and warm-up is taken;
+   unless ``memory=False``, the peak resident set of an artifact's worker over its load and
+   warm-up is taken (peers get none: their process built them first);
 2. ``runs`` rounds follow; in each round every worker is timed once, in a shuffled order
    (seeded: the same order for the same arguments), after an idle ``gap_ms`` so that the
    previous runner's thread pool has settled;
@@ -260,7 +261,8 @@ def _bench_shape(
     warmed = {}
     for name in list(hosts):
         try:
-            warmed[name] = hosts[name].warm(index, max(warmup, 1), memory)
+            # A peer's process built it first (an export, a compile): its peak would be the build's, not the runner's.
+            warmed[name] = hosts[name].warm(index, max(warmup, 1), memory and name in ARTIFACT_RUNNERS)
         except AotError as error:  # a peer that fails at this shape (a compiler, say) is a finding, not a stop
             if name in ARTIFACT_RUNNERS:
                 raise
