@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
-import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +20,10 @@ import torch
 from aot.capture import capture
 from aot.eager_guard import check_after_each_pass
 from aot.errors import ExportError
-from aot.forked import ForkedStep
-from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, shape_cases
+from aot.inputs import check_input_names, dim_ranges, dynamic_axes, shape_cases
 from aot.manifest import MANIFEST_VERSION, describe_files, hash_files, tool_versions, write_manifest
 from aot.memory import MemoryWatch, resident_mib
+from aot.onnx_stage import OnnxStage
 from aot.models import load_model
 from aot.outdir import check_replaceable, staged_directory
 from aot.pipeline import PassRecord, run_pipeline
@@ -38,7 +34,6 @@ from aot.validate import (
     eager_outputs,
     raise_on_failure,
     release_freed_memory,
-    run_module,
     validate_artifacts,
     validate_graph,
 )
@@ -115,6 +110,8 @@ def build(
 def _build(
     loaded: LoadedRecipe, target: Path, report: BuildReport, stage: Stages, memory: MemoryWatch, started: float
 ) -> None:
+    """The spine: recipe -> model -> inputs -> trace -> passes -> artifacts, validated -> manifest."""
+    recipe = loaded.recipe
     with stage("load_model"):
         model = load_model(loaded)
         check_input_names(loaded, model)
@@ -125,130 +122,60 @@ def _build(
         graph_module = capture(loaded, model, cases[0].inputs)
         report.trace = graph_module.meta.get("trace_report", {})
     with stage("passes"):
-        # The eager reference is computed after the passes, beside the export: they must leave the model as it was.
-        unchanged_eager_model = check_after_each_pass(model, loaded.passes)
-        graph_module, report.passes = run_pipeline(graph_module, loaded.passes, after_each=unchanged_eager_model)
-        del unchanged_eager_model  # it holds the model, which must go as soon as its outputs are taken
+        graph_module, report.passes = _run_passes(loaded, graph_module, model)
 
     with staged_directory(target) as staging:
         _write(lambda path, text: path.write_text(text, encoding="utf-8"), staging / "recipe.yaml", loaded.text)
-        onnx_export = _start_onnx_export(loaded, graph_module, model, cases, staging, memory)
-        # One core is the child's: two threads here would slow the export, the longest stage, more
-        # than they speed up what runs beside it.
-        threads_beside_export = 1 if onnx_export is not None and not onnx_export.in_process else torch.get_num_threads()
+        onnx = OnnxStage.start(recipe.export.onnx, graph_module, model, cases, staging / "model.onnx",
+                               dynamic_axes(loaded), dim_ranges(loaded), on_child=memory.track)
         try:
-            with _torch_threads(threads_beside_export), stage("eager_outputs"):
-                expected = [eager_outputs(model, case.inputs) for case in cases]
-            # The eager model's work is done: its outputs are the reference (a failed validation reloads
-            # it to bisect). Without it the graph module is the sole owner of its weights.
-            del model
-            release_freed_memory()
-            with _torch_threads(threads_beside_export), stage("validate_graph"):
-                report.validation = validate_graph(loaded, graph_module, cases, expected)
-            with _torch_threads(threads_beside_export):
+            with onnx.beside():
+                with stage("eager_outputs"):
+                    expected = [eager_outputs(model, case.inputs) for case in cases]
+                del model  # its outputs are the reference; the graph is now its weights' only owner
+                release_freed_memory()
+                with stage("validate_graph"):
+                    report.validation = validate_graph(loaded, graph_module, cases, expected)
                 _write_graph_module(loaded, graph_module, staging, report, stage)
-            hashed_beside_export = hash_files(staging)
+                hashed_beside_export = hash_files(staging)
         except BaseException:
-            if onnx_export is not None:
-                onnx_export.cancel()
+            onnx.cancel()
             raise
-        if onnx_export is not None:
-            with stage("export_onnx"):  # the wait for the child, beyond the stages that ran beside it
-                report.onnx_fusions = onnx_export.result().fusions
-        # Artifacts are validated from disk, as deployed: the in-memory graph is no longer needed.
-        del graph_module
+        report.onnx_fusions = onnx.finish(staging / "model.onnx", recipe.model, stage)
+        del graph_module  # artifacts are validated from disk, as deployed
         release_freed_memory()
-        log.debug("in-memory graph dropped: resident %.0f MiB", resident_mib())
-        onnx_options = loaded.recipe.export.onnx
-        onnx_path = staging / "model.onnx"
-        if onnx_path.is_file() and onnx_options.optimize == "transformer":
-            from aot import export
-
-            with stage("optimize_onnx"):  # ONNX Runtime's optimizer works on files: it loads the weights whole
-                export.optimize_onnx(
-                    onnx_path, onnx_options.optimize, loaded.recipe.model, onnx_options.target, float16=onnx_options.float16
-                )
         report.files = describe_files(staging, earlier=hashed_beside_export)
         # module.py runs as hashed: what the manifest lists is what was validated.
         sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
         report.validation += validate_artifacts(loaded, cases, expected, staging, stage, sha256_of)
         raise_on_failure(report.validation)
-        report.stages["total"] = round(time.perf_counter() - started, 3)
-        report.memory["start_rss_mib"] = round(memory.start_mib, 1)
-        report.memory["peak_rss_mib"] = memory.peak_mib()
-        report.memory["peak_over_start_mib"] = round(report.memory["peak_rss_mib"] - memory.start_mib, 1)
-        weights = report.memory["weights_mib"] or 1.0
-        report.memory["peak_per_weights"] = round(report.memory["peak_rss_mib"] / weights, 2)
-        report.memory["peak_over_start_per_weights"] = round(report.memory["peak_over_start_mib"] / weights, 2)
+        _note_time_and_memory(report, memory, started)
         manifest_path = _write(write_manifest, staging, _manifest(loaded, report))
         report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
 
 
-@contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+def _run_passes(
+    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, model: torch.nn.Module
+) -> tuple[torch.fx.GraphModule, list[PassRecord]]:
+    """The recipe's passes, each checked to leave the eager model as it was (its outputs are taken after them)."""
+    unchanged_eager_model = check_after_each_pass(model, loaded.passes)
+    return run_pipeline(graph_module, loaded.passes, after_each=unchanged_eager_model)
+
+
+def _note_time_and_memory(report: BuildReport, memory: MemoryWatch, started: float) -> None:
+    report.stages["total"] = round(time.perf_counter() - started, 3)
+    figures = report.memory
+    figures["start_rss_mib"] = round(memory.start_mib, 1)
+    figures["peak_rss_mib"] = memory.peak_mib()
+    figures["peak_over_start_mib"] = round(figures["peak_rss_mib"] - memory.start_mib, 1)
+    weights = figures["weights_mib"] or 1.0
+    figures["peak_per_weights"] = round(figures["peak_rss_mib"] / weights, 2)
+    figures["peak_over_start_per_weights"] = round(figures["peak_over_start_mib"] / weights, 2)
 
 
 def _tensor_bytes(model: torch.nn.Module) -> int:
     tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def _start_onnx_export(
-    loaded: LoadedRecipe,
-    graph_module: torch.fx.GraphModule,
-    eager_model: torch.nn.Module,
-    cases: list[ShapeCase],
-    staging: Path,
-    memory: MemoryWatch,
-) -> ForkedStep | None:
-    """Start writing model.onnx in a child process; None when the recipe wants no ONNX.
-
-    The child exports the graph as the recipe's passes left it while this process takes the
-    eager reference outputs, validates the graph and writes the GraphModule artifact (whose own
-    passes, e.g. CPU weight prepacking, produce ops ONNX cannot express). What the exporter and
-    onnxscript cache (the graph, and through it the weights) goes away with the child.
-
-    The graph's weights are copy-on-write clones of the eager model's. The exporter reads them
-    through mutable pointers, which copies a clone unless it is its storage's last owner; so the
-    child first drops its own copy of the eager model's weights (this process keeps its model).
-    """
-    from aot import export
-
-    options = loaded.recipe.export.onnx
-    if not options.enabled:
-        return None
-    # The names do not depend on the shape: the smallest case finds them fastest (two threads here).
-    smallest = min(cases, key=lambda case: sum(t.numel() for t in case.inputs.values() if isinstance(t, torch.Tensor)))
-    output_names = list(run_module(graph_module, smallest))
-    parent, eager = os.getpid(), weakref.ref(eager_model)
-
-    def export_onnx() -> Any:
-        model = eager()
-        if os.getpid() != parent and model is not None:
-            model.to(device="meta")
-        del model
-        return export.write_onnx(
-            graph_module,
-            staging / "model.onnx",
-            cases[0].inputs,
-            dynamic_axes(loaded),
-            opset=options.opset,
-            optimize=options.exporter_optimize,
-            external_data=True if options.external_data == "always" else None,
-            ort_fusions=options.target if options.optimize == "ort_fusions" else None,
-            output_names=output_names,
-            dim_ranges=dim_ranges(loaded),
-            # The transformer optimizer matches float32 patterns: it converts after its fusions.
-            float16=options.float16 and options.optimize != "transformer",
-        )
-
-    return ForkedStep("export_onnx", export_onnx, on_child=memory.track)
 
 
 def _write_graph_module(

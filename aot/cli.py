@@ -33,8 +33,19 @@ class Stopped(BaseException):
         self.message = "interrupted" if signal_number == signal.SIGINT else f"terminated by {self.args[0]}"
 
 
+_pending_stop: list[int] = []
+
+
 def _stop(signal_number: int, frame: Any) -> None:
+    # Remembered as well as raised: an exception raised where Python swallows it (a __del__, a
+    # weakref callback) would be lost, and the next stage boundary raises it again (_StderrProgress).
+    _pending_stop.append(signal_number)
     raise Stopped(signal_number)
+
+
+def _raise_pending_stop() -> None:
+    if _pending_stop:
+        raise Stopped(_pending_stop[0])
 
 
 def _echo_error(message: str) -> None:
@@ -79,6 +90,7 @@ class _StderrProgress:
                                       console=_stderr_console(), transient=True)
 
     def __call__(self, stage: str, event: str, seconds: float | None) -> None:
+        _raise_pending_stop()
         if self._progress is None:
             return
         if event == "start":

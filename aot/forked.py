@@ -67,11 +67,18 @@ class ForkedStep:
         # write to every object's header and so copy every page of the parent's heap into the child.
         gc.freeze()
         parent = os.getpid()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns, never runs the parent's cleanup
-            os.close(read_end)
-            die_with_parent(parent)
-            _child(function, write_end)
+        # SIGINT and SIGTERM wait until the fork is done: a Python handler that raised inside
+        # fork's own callbacks (logging's lock release) would see its exception swallowed there.
+        stopping = {signal.SIGINT, signal.SIGTERM}
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+        try:
+            self.pid = os.fork()
+            if self.pid == 0:  # the child: never returns, never runs the parent's cleanup
+                os.close(read_end)
+                die_with_parent(parent)
+                _child(function, write_end, masked)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
         gc.unfreeze()
         os.close(write_end)
         self._read_end = read_end
@@ -136,7 +143,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _child(function: Callable[[], Any], write_end: int) -> None:
+def _child(function: Callable[[], Any], write_end: int, signal_mask: set[signal.Signals]) -> None:
     code = 1
     try:
         import torch
@@ -144,6 +151,7 @@ def _child(function: Callable[[], Any], write_end: int) -> None:
         torch.set_num_threads(1)
         for signal_number in (signal.SIGINT, signal.SIGTERM):  # they end the child; the parent reports them
             signal.signal(signal_number, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
         try:
             result: tuple[str, Any] = ("ok", function())
         except AotError as error:
