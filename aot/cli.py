@@ -241,7 +241,7 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
     """Time eager, the saved GraphModule and ONNX Runtime, each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
-    from aot.bench_peers import ALL_PEERS, ONNX_PEERS
+    from aot.bench.peers import ALL_PEERS, ONNX_PEERS
 
     grid = _parse_grid(shapes)
     groups = {"": (), "onnx": ONNX_PEERS, "all": ALL_PEERS}
@@ -262,7 +262,7 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
                        tick=progress.tick, progress=progress, expect_sha256=expect_sha256,
                        mode="in-process" if in_process else "processes", gap_ms=gap_ms)
         if chart:
-            from aot.bench_chart import draw_chart
+            from aot.bench.chart import draw_chart
 
             draw_chart(report, Path(chart))
         return report

@@ -2,7 +2,7 @@
 
 Every figure is a ratio against eager measured in the same run. One process holding several
 models slows them all, the eager baseline most (measured 1.3-1.5x on BERT-base), so each
-runner lives in a worker process of its own (:mod:`aot.bench_worker`) and this driver only
+runner lives in a worker process of its own (:mod:`aot.bench.worker`) and this driver only
 sends it requests. For each shape of the grid:
 
 1. every worker is warmed up (its first call's time is kept: a compiler compiles there), and,
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from aot.bench_worker import RunnerHost, RunnerSpec
+from aot.bench.worker import RunnerHost, RunnerSpec
 from aot.errors import AotError, RecipeError
 from aot.integrity import IntegrityReport, verify_directory
 from aot.recipe import LoadedRecipe
@@ -217,7 +217,7 @@ class _Worker:
         self.name = spec.runner
         self.log = tempfile.TemporaryFile(mode="w+")  # what the worker or its libraries print, for failures
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "aot.bench_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+            [sys.executable, "-m", "aot.bench.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             text=True, bufsize=1,
         )
 

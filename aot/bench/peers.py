@@ -1,7 +1,7 @@
 """Peer baselines for ``aot bench --peers``: what other tools make of the same eager model.
 
 Each peer is built here, from the recipe's eager model, in the process that then
-times it (:mod:`aot.bench_worker`), in the same run as aot's artifacts:
+times it (:mod:`aot.bench.worker`), in the same run as aot's artifacts:
 
 - ``ort_torchscript``: ``torch.onnx.export(dynamo=False)``, the TorchScript
   exporter that Optimum's ONNX export is built on, with no further optimisation;
@@ -18,10 +18,7 @@ file is written once into the bench's work directory and reused by the peers bui
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,10 +34,9 @@ Runner = Callable[[dict[str, torch.Tensor]], Any]
 
 
 def _quietly(action: Callable[[], Any]) -> Any:
-    from aot.export.onnx_export import quiet_exporter_logs
+    from aot.quiet import quiet_torch
 
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), quiet_exporter_logs():
-        warnings.simplefilter("ignore")
+    with quiet_torch("a peer's export"):
         return action()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aot.bench import BenchReport
+from aot.bench.driver import BenchReport
 from aot.errors import RecipeError
 
 

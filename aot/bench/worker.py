@@ -1,6 +1,6 @@
 """One bench runner, hosted alone: load it, take the inputs, warm up, time single calls.
 
-``aot bench`` starts one worker process per runner (``python -m aot.bench_worker``) and
+``aot bench`` starts one worker process per runner (``python -m aot.bench.worker``) and
 talks to it in JSON lines over its stdin and stdout, so that no runner shares a process,
 an allocator, a thread pool or a cache with another: one process holding several models
 slows them all, the eager baseline most. The same :class:`RunnerHost` also serves the
@@ -89,7 +89,7 @@ class RunnerHost:
 
     def _load(self) -> tuple[Any, list[dict[str, Any]]]:
         from aot import export
-        from aot.bench_peers import build_peer
+        from aot.bench.peers import build_peer
         from aot.inputs import dynamic_axes, make_inputs
         from aot.models import load_model, load_tokenizer
         from aot.validate import eager_extra_arguments, recipe_of_build
@@ -125,7 +125,7 @@ def _onnx_runner(path: Path, spec: RunnerSpec, inputs: list[dict[str, Any]]) -> 
     """ONNX Runtime where the inputs are: on CUDA, inputs and outputs stay in GPU memory, as eager's do."""
     import onnxruntime
 
-    from aot.bench_peers import session_runner
+    from aot.bench.peers import session_runner
     from aot.errors import RecipeError
 
     device = inputs[0][next(iter(inputs[0]))].device
