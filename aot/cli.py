@@ -323,8 +323,14 @@ def list_passes(as_json: bool) -> None:
         return
     for info in infos:
         click.echo(f"{info.name}  [{', '.join(sorted(info.frontends))}]")
-        for option, field in info.options.model_fields.items():
-            click.echo(f"    --{option}: {_type_name(field.annotation)} = {field.default!r}  {field.description or ''}")
+        fields = info.options.model_fields
+        if fields:
+            click.echo("    options (recipe keys under the pass's name):")
+            for option, field in fields.items():
+                click.echo(f"      {option}: {_type_name(field.annotation)} = {_yaml_value(field.default)}  # {field.description or ''}")
+        defaults = ", ".join(f"{option}: {_yaml_value(field.default)}" for option, field in fields.items())
+        click.echo("    in a recipe:")
+        click.echo(f"      passes:\n        - {info.name}" + (f": {{{defaults}}}" if defaults else ""))
         click.echo("\n".join("    " + line if line else "" for line in (info.doc or "").strip().splitlines()))
         click.echo("")
 
@@ -346,6 +352,13 @@ def exit_codes() -> None:
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "es" if noun.endswith("s") else "s")
+
+
+def _yaml_value(value: Any) -> str:
+    """A default as the recipe spells it (YAML flow style: true, null, [a, b])."""
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def _type_name(annotation: Any) -> str:
