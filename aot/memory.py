@@ -58,6 +58,12 @@ class MemoryWatch:
         self._sampled_peak = 0.0
         self._children_mib = 0.0
         self._children_sampled_at = 0.0
+        # The sampling thread numbers its samples: the last begun, the last finished, the last finished
+        # that read the children too. wait_for_sample waits on these for one taken after a given moment.
+        self._sample_progress = threading.Condition()
+        self._samples_begun = 0
+        self._samples_finished = 0
+        self._children_samples_finished = 0
         self.start_mib = resident_mib()
         self._thread = threading.Thread(target=self._sample_until_stopped, name="aot-memory-watch", daemon=True)
         self._thread.start()
@@ -79,12 +85,33 @@ class MemoryWatch:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        with self._sample_progress:
+            self._sample_progress.notify_all()  # a waiter's sample will never come
 
-    def _sample(self, children_too: bool = True) -> None:
+    def wait_for_sample(self, children_too: bool = False, timeout_s: float = 10.0) -> bool:
+        """Wait until the sampling thread has finished a sample it began after this call.
+
+        With ``children_too``, a sample that also read the tracked children (the thread reads
+        them less often). True once there is one; False if the watch stopped or ``timeout_s``
+        passed first. Tests use it to know, rather than guess with sleeps, that the thread saw
+        an allocation.
+        """
+        with self._sample_progress:
+            wanted = self._samples_begun + 1
+
+            def taken() -> bool:
+                return (self._children_samples_finished if children_too else self._samples_finished) >= wanted
+
+            self._sample_progress.wait_for(lambda: taken() or self._stop.is_set(), timeout_s)
+            return taken()
+
+    def _sample(self, children_too: bool = True) -> bool:
+        """Take one sample; True when it read the children's memory too."""
         with self._lock:
             children = list(self._children)
         now = time.monotonic()
-        if children_too or now - self._children_sampled_at >= _CHILD_INTERVAL_S:
+        read_children = children_too or now - self._children_sampled_at >= _CHILD_INTERVAL_S
+        if read_children:
             self._children_mib = sum(private_mib(pid) for pid in children)
             self._children_sampled_at = now
             with self._lock:
@@ -92,7 +119,16 @@ class MemoryWatch:
         total = resident_mib() + self._children_mib
         with self._lock:
             self._sampled_peak = max(self._sampled_peak, total)
+        return read_children
 
     def _sample_until_stopped(self) -> None:
         while not self._stop.wait(_INTERVAL_S):
-            self._sample(children_too=False)
+            with self._sample_progress:
+                self._samples_begun += 1
+                number = self._samples_begun
+            read_children = self._sample(children_too=False)
+            with self._sample_progress:
+                self._samples_finished = number
+                if read_children:
+                    self._children_samples_finished = number
+                self._sample_progress.notify_all()

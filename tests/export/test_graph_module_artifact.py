@@ -124,7 +124,8 @@ def test_aot_load_rebuilds_the_same_graph(saved, key):
     assert isinstance(reloaded, torch.fx.GraphModule)
     assert [n.name for n in reloaded.graph.nodes] == [n.name for n in gm.graph.nodes]
     assert [n.op for n in reloaded.graph.nodes] == [n.op for n in gm.graph.nodes]
-    assert reloaded.code == gm.code or "gpt2" in key  # Conv1D leaves come back as their Linear stand-ins
+    # The code is the same for every case: a Conv1D leaf comes back as its Linear stand-in under the same name.
+    assert reloaded.code == gm.code
     for case in inputs:
         with torch.no_grad():
             _assert_close(model(**case), reloaded(**case), f"{key} aot.export.load")
@@ -168,7 +169,8 @@ def test_stand_ins_and_tied_weights(saved):
     assert "'unembed.weight': 'embed.weight'" in source
     header_size = int.from_bytes((directory / "weights.safetensors").read_bytes()[:8], "little")
     stored = json.loads((directory / "weights.safetensors").read_bytes()[8 : 8 + header_size])
-    assert "unembed.weight" not in stored and stored["c_fc.weight"]["shape"] == [12, 6]
+    assert "unembed.weight" not in stored  # tied: stored once, under embed.weight
+    assert stored["c_fc.weight"]["shape"] == [12, 6]  # Conv1D's [in, out] weight, transposed for the Linear
     reloaded = load(directory)
     assert isinstance(reloaded.c_fc, torch.nn.Linear)
     assert reloaded.unembed.weight is reloaded.embed.weight
@@ -193,12 +195,16 @@ def test_meta_round_trip(tmp_path):
     assert conv["meta"]["nn_module_stack"] == {"conv": {"__tuple__": ["conv", "torch.nn.modules.conv.Conv2d"]}}
 
 
-def test_shapes_and_dtypes_from_val(tmp_path, saved):
-    _, _, directory, _ = saved["bert_export"]
+def test_shapes_and_dtypes_from_val(saved):
+    _, gm, directory, _ = saved["bert_export"]
+    val = next(node for node in gm.graph.nodes if node.name == "input_ids").meta["val"]
+    assert all(isinstance(size, torch.SymInt) for size in val.shape), "precondition: batch and sequence are dynamic"
+    # torch.export names the symbols (s0, s43, ...) as it likes: compare with its names, not fixed ones.
+    symbols = [str(size) for size in val.shape]
     document = json.loads((directory / "meta.json").read_text())
     values = {node["name"]: node["value"] for node in document["nodes"]}
-    assert values["input_ids"] == {"shape": ["s0", "s1"], "dtype": "int64"} or values["input_ids"]["dtype"] == "int64"
-    assert all(isinstance(size, (int, str)) for size in values["input_ids"]["shape"])
+    assert values["input_ids"]["dtype"] == "int64"
+    assert values["input_ids"]["shape"] == symbols
 
 
 class Custom(torch.nn.Module):
@@ -223,7 +229,8 @@ def test_leaf_without_torch_form_fails(tmp_path):
     gm = trace_with_leaves(WithCustomLeaf(), QuickGELUActivation)
     with pytest.raises(ExportError, match=r"node 'act' .*QuickGELUActivation"):
         save_graph_module(gm, tmp_path / "quick_gelu")
-    assert not (tmp_path / "custom").exists() and not (tmp_path / "quick_gelu").exists()
+    assert not (tmp_path / "custom").exists()
+    assert not (tmp_path / "quick_gelu").exists()
 
 
 def third_party_function(x):
