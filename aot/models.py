@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from aot.errors import AotError
-from aot.model_blueprint import Blueprint, first_line, forward_input_names, model_blueprint
+from aot.model_blueprint import Blueprint, first_line, model_blueprint
 from aot.recipe import LoadedRecipe, pretrained_directory
+from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.validate use it from here
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,6 @@ def load_tokenizer(loaded: LoadedRecipe) -> Any:
         return AutoTokenizer.from_pretrained(str(pretrained_directory(loaded)), local_files_only=True)
     except (OSError, ValueError) as error:
         raise loaded.error(("model", "pretrained"), f"cannot load its tokenizer: {first_line(error)}") from None
-
-
-def forward_parameters(model: torch.nn.Module) -> list[str]:
-    """Named parameters of ``forward`` that an input may bind to (``**kwargs`` excluded)."""
-    return forward_input_names(model.forward)
 
 
 def _from_factory(loaded: LoadedRecipe) -> torch.nn.Module:

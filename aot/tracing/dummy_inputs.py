@@ -22,7 +22,12 @@ DEFAULT_IMAGE_SIZE = 64
 
 
 def forward_parameters(model: torch.nn.Module) -> list[str]:
-    """Named parameters of ``model.forward`` (no ``*args`` / ``**kwargs``)."""
+    """Parameters of ``model.forward`` that an input may bind to by name (``*args`` and ``**kwargs`` excluded).
+
+    The one definition: :mod:`aot.models` re-exports it for the build. It lives here, in the
+    lower layer, so that importing :mod:`aot.tracing` pulls in neither the recipe machinery
+    nor :mod:`aot.models`' offline defaults for the Hugging Face hub.
+    """
     signature = inspect.signature(model.forward)
     return [
         name
