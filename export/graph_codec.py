@@ -6,17 +6,24 @@ ops, targets, arguments, meta) on top of the module tree that ``module.py``
 builds. Layout::
 
     {"format": "aot.graph/1", "class_name": "...", "codegen": {...},
-     "graph_meta": {...},
-     "nodes": [{"name": "linear", "op": "call_module", "target": "fc",
-                "args": [{"__node__": "x"}], "kwargs": {},
-                "meta": {"nn_module_stack": ..., "aot.pass_mark": ...},
+     "graph_meta": {"trace_report": {...}, ...},
+     "nodes": [{"name": "fc", "op": "call_module", "target": "fc",
+                "args": {"__tuple__": [{"__node__": "x"}]}, "kwargs": {"__dict__": []},
+                "meta": {"scope": ..., "aot_transforms": ["merge_linears"], "aot_reverse": {...}},
                 "value": {"shape": [2, "s0"], "dtype": "float32"}}, ...]}
 
-A ``call_function`` target is stored as its importable qualified name
-(``torch.ops.aten.linear.default``, ``_operator.getitem``); saving checks that
-the name resolves back to the same object. Arguments use the tagged forms of
-:mod:`aot.export.node_meta` plus ``__node__``, ``__slice__``, ``__device__``,
-``__layout__``, ``__memory_format__``, ``__size__``, ``__ellipsis__`` and
+``meta`` holds what :mod:`aot.export.node_meta` keeps: the tracer's ``scope`` (and
+torch's ``nn_module_stack``), and the pass marks of :mod:`aot.passes.base`
+(``aot_transforms``: the passes that changed the node; ``aot_reverse``: what each
+reversible one needs to undo it). ``value`` is the shape and dtype of the node's
+result, read from its fake value before that is dropped.
+
+A ``call_function`` target is stored as ``{"__function__": name}``, its importable
+qualified name (``torch.ops.aten.linear.default``, ``_operator.getitem``); saving
+checks that the name resolves back to the same object. Arguments are tagged here:
+``__node__``, ``__tuple__``, ``__dict__`` (every dict, as key-value pairs),
+``__size__``, ``__slice__``, ``__dtype__``, ``__float__`` (non-finite),
+``__device__``, ``__layout__``, ``__memory_format__``, ``__ellipsis__`` and
 ``__complex__``.
 """
 
