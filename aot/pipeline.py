@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from aot.errors import PassError
+from aot.errors import AotError, PassError
 from aot.recipe_schema import PassSpec
 
 log = logging.getLogger(__name__)
@@ -35,19 +35,28 @@ def run_pipeline(
     specs: list[PassSpec],
     after_each: Callable[[int, torch.fx.GraphModule], None] | None = None,
 ) -> tuple[torch.fx.GraphModule, list[PassRecord]]:
-    """Apply ``specs`` in order; ``after_each(index, gm)`` runs after every pass (bisection uses it)."""
+    """Apply ``specs`` in order; ``after_each(index, gm)`` runs after every pass (bisection uses it).
+
+    A pass that fails raises a one-line PassError naming it, its step and the passes before it.
+    """
     from aot.passes import registry
+    from aot.passes.base import PassFailure
 
     records = []
     for index, spec in enumerate(specs):
         transformation = registry.get(spec.name).create(spec.options)
         started = time.perf_counter()
+        before = [earlier.name for earlier in specs[:index]]
         try:
             result = transformation.apply(graph_module)
-        except PassError:
-            raise
+        except PassFailure as error:
+            raise error.at_step(index + 1, before) from error.__cause__
+        except PassError as error:  # raised by the pass itself, with its own wording
+            raise PassFailure(spec.name, str(error)).at_step(index + 1, before) from error
+        except AotError:
+            raise  # a more specific kind (a recipe or export problem found by the pass) keeps its exit code
         except Exception as error:  # a pass bug must still end as a one-line pass failure
-            raise PassError(f"pass '{spec.name}' (step {index + 1}) failed: {type(error).__name__}: {error}") from error
+            raise PassFailure(spec.name, f"{type(error).__name__}: {error}").at_step(index + 1, before) from error
         graph_module = result.graph_module
         seconds = time.perf_counter() - started
         log.info("pass %s: matched %d, changed %d in %.2fs", spec.name, result.matched, result.changed, seconds)

@@ -1,8 +1,9 @@
 """Graph passes: the transformation API, the registry and the built-in passes.
 
 Importing ``aot.passes`` registers every built-in pass; ``aot.passes.registry``
-looks them up by name. See ``base.py`` for the API and each pass module for the
-graph before and after and the math.
+looks them up by name. See ``base.py`` for the API, ``rule.py`` for the
+match / check / rewrite shape of every pass that rewrites a pattern, and each
+pass module for the graph before and after and the math.
 """
 
 from . import registry
@@ -22,6 +23,7 @@ from .remove_dropout import RemoveDropout
 from .remove_identity import RemoveIdentity
 from .remove_redundant_casts import RemoveRedundantCasts
 from .remove_redundant_reshapes import RemoveRedundantReshapes
+from .rule import Match, RewriteRule
 
 __all__ = [
     "ChangeTrueDivToMulByInverse",
@@ -31,6 +33,7 @@ __all__ = [
     "FuseBatchNorm2dInConv2d",
     "FuseBiasInLinear",
     "LintAndRecompile",
+    "Match",
     "MergeLinears",
     "PassInfo",
     "PassResult",
@@ -40,6 +43,7 @@ __all__ = [
     "RemoveRedundantCasts",
     "RemoveRedundantReshapes",
     "ReversibleTransformation",
+    "RewriteRule",
     "Transformation",
     "compose",
     "register_pass",

@@ -16,6 +16,7 @@ statistics and affine parameters are ``get_attr`` nodes (``export``).
 from __future__ import annotations
 
 import operator
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -23,10 +24,12 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from ._modules import delete_if_unreferenced, get_attribute
-from .base import Transformation
+from ._nodes import is_get_attr
+from .rule import Match, RewriteRule
 
 _aten = torch.ops.aten
 _TRAINING_OPS = (_aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats, _aten._native_batch_norm_legit_functional.default)
+_BATCH_NORM_OPS = (*_TRAINING_OPS, _aten.batch_norm.default, _aten._native_batch_norm_legit_no_training.default)
 
 
 @dataclass
@@ -58,49 +61,50 @@ class BatchNorm:
                 delete_if_unreferenced(graph_module, str(attr_node.target))
 
 
-def match_batch_norm(graph_module: GraphModule, node: Node, module_type: type[nn.Module]) -> BatchNorm | str | None:
-    """The batch norm computed by ``node``; a reason string if it cannot be folded; None if it is no batch norm."""
+def is_batch_norm(graph_module: GraphModule, node: Node, module_class: type[nn.Module]) -> bool:
+    """Whether ``node`` calls a ``module_class`` module (fx) or an aten batch norm (export), in any mode."""
+    if node.op == "call_module":
+        return type(graph_module.get_submodule(str(node.target))) is module_class
+    return node.op == "call_function" and node.target in _BATCH_NORM_OPS
+
+
+def inference_batch_norm(graph_module: GraphModule, node: Node) -> Match[BatchNorm]:
+    """The batch norm ``node`` computes (``is_batch_norm`` holds), folded; a failure says why it cannot be folded."""
     if node.op == "call_module":
         module = graph_module.get_submodule(str(node.target))
-        if type(module) is not module_type:
-            return None
         if module.training:
-            return f"'{node.target}' is in training mode"
+            return Match.fail(f"'{node.target}' is in training mode")
         if module.running_mean is None or module.running_var is None:
-            return f"'{node.target}' has track_running_stats=False: it normalises with batch statistics"
+            return Match.fail(f"'{node.target}' has track_running_stats=False: it normalises with batch statistics")
         if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], Node):
-            return f"'{node.target}' is called with unexpected arguments"
+            return Match.fail(f"'{node.target}' is called with unexpected arguments")
         scale, shift = fold(module.running_mean, module.running_var, module.eps, module.weight, module.bias)
-        return BatchNorm(node, node, node.args[0], scale, shift, module.running_mean.dtype, str(node.target), ())
-    if node.op != "call_function":
-        return None
+        return Match.ok(BatchNorm(node, node, node.args[0], scale, shift, module.running_mean.dtype, str(node.target), ()))
     if node.target in _TRAINING_OPS:
-        return f"node '{node.name}' normalises with batch statistics (training mode or no running stats)"
+        return Match.fail("normalises with batch statistics (training mode or no running stats)", node=node)
     if node.target is _aten.batch_norm.default:
         input_node, weight, bias, mean, var, training, _momentum, eps = node.args[:8]
         if training or mean is None or var is None:
-            return f"node '{node.name}' normalises with batch statistics (training mode or no running stats)"
+            return Match.fail("normalises with batch statistics (training mode or no running stats)", node=node)
         output = node
-    elif node.target is _aten._native_batch_norm_legit_no_training.default:
+    else:  # _native_batch_norm_legit_no_training: (normalised, mean, invstd), read through getitems
         input_node, weight, bias, mean, var, _momentum, eps = node.args[:7]
         getitems = [user for user in node.users if user.target is operator.getitem]
         if len(getitems) != len(node.users) or any(user.args[1] != 0 for user in getitems if user.users):
-            return f"node '{node.name}': its statistics outputs are used"
+            return Match.fail("its statistics outputs are used", node=node)
         used = [user for user in getitems if user.args[1] == 0]
         if len(used) != 1:
-            return f"node '{node.name}': output not read through a single getitem"
+            return Match.fail("output not read through a single getitem", node=node)
         output = used[0]
-    else:
-        return None
     operands = (mean, var, weight, bias)
-    if not all(arg is None or (isinstance(arg, Node) and arg.op == "get_attr") for arg in operands):
-        return f"node '{node.name}': statistics or affine parameters are computed, not get_attr"
+    if not all(arg is None or is_get_attr(arg) for arg in operands):
+        return Match.fail("statistics or affine parameters are computed, not get_attr", node=node)
     mean_t, var_t, weight_t, bias_t = (get_attribute(graph_module, str(arg.target)) if arg is not None else None for arg in operands)
     if mean_t.dim() != 1:
-        return f"node '{node.name}': unexpected statistics shape"
+        return Match.fail("unexpected statistics shape", node=node)
     scale, shift = fold(mean_t, var_t, eps, weight_t, bias_t)
     attr_nodes = tuple(arg for arg in operands if arg is not None)
-    return BatchNorm(node, output, input_node, scale, shift, mean_t.dtype, None, attr_nodes)
+    return Match.ok(BatchNorm(node, output, input_node, scale, shift, mean_t.dtype, None, attr_nodes))
 
 
 def fold(mean, var, eps, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,38 +116,21 @@ def fold(mean, var, eps, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
     return scale, beta - mean * scale
 
 
-def single_user(node: Node) -> Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
-
-
-class BatchNormFusion(Transformation):
-    """The loop both batch-norm fusions share: match each batch norm, count it, fuse it or say why not.
-
-    Subclasses set ``batch_norm_class`` and implement ``_fuse``, which returns ``None``
-    when it fused and the reason otherwise.
+class BatchNormFusion(RewriteRule):
+    """What both batch-norm fusions share: the pattern is a batch norm of ``batch_norm_class``;
+    the check folds it, then ``check_layer`` finds the layer it fuses into.
     """
 
     batch_norm_class: type[nn.Module]
     preserves_computation = True
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
-        for node in list(graph_module.graph.nodes):
-            if node._erased:
-                continue  # erased by an earlier fusion
-            batch_norm = match_batch_norm(graph_module, node, self.batch_norm_class)
-            if batch_norm is None:
-                continue
-            self.report.matched += 1
-            if isinstance(batch_norm, str):
-                self.note(batch_norm)
-                continue
-            reason = self._fuse(graph_module, batch_norm)
-            if reason:
-                self.note(reason)
-            else:
-                self.report.changed += 1
-        return graph_module
+    def pattern(self, graph_module: GraphModule, node: Node) -> bool:
+        return is_batch_norm(graph_module, node, self.batch_norm_class)
 
-    def _fuse(self, graph_module: GraphModule, batch_norm: BatchNorm) -> str | None:
-        raise NotImplementedError
+    def check(self, graph_module: GraphModule, node: Node) -> Match:
+        batch_norm = inference_batch_norm(graph_module, node)
+        return self.check_layer(graph_module, batch_norm.value) if batch_norm else batch_norm
+
+    @abstractmethod
+    def check_layer(self, graph_module: GraphModule, batch_norm: BatchNorm) -> Match:
+        """The layer ``batch_norm`` folds into, with what ``rewrite`` needs; or why there is none."""

@@ -1,4 +1,6 @@
-"""Giving a conv or linear layer new parameters without touching the caller's copy.
+"""Reading a conv or linear layer's parameters, and giving it new ones without touching the caller's copy.
+
+``layer_parameters`` finds the weight and bias of a layer call on either frontend.
 
 ``fx`` frontend: the layer module is replaced by a shallow copy holding the new
 parameters, at the same target when no other node uses that module and under a
@@ -9,12 +11,39 @@ read through new ``get_attr`` nodes; old ones nothing reads any more are removed
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from ._modules import delete_if_unreferenced, fresh_target, set_submodule, set_tensor, shallow_copy, split_target
-from ._nodes import infer_val
+from ._modules import delete_if_unreferenced, fresh_target, get_attribute, set_submodule, set_tensor, shallow_copy, split_target
+from ._nodes import infer_val, is_get_attr
+from .rule import Match
+
+LayerParameters = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+def layer_parameters(graph_module: GraphModule, node: Node, layer_class: type[nn.Module], functions: Collection) -> Match[LayerParameters]:
+    """(weight, bias) of ``node``: a call of a ``layer_class`` module (not a subclass) on one input,
+    or of one of the aten ``functions`` on ``get_attr`` weights. The bias is None when there is none.
+    """
+    kind = layer_class.__name__
+    if node.op == "call_module":
+        module = graph_module.get_submodule(str(node.target))
+        if type(module) is not layer_class:
+            return Match.fail(f"not an {kind}", node=node)
+        if len(node.args) != 1 or node.kwargs:
+            return Match.fail(f"{kind} called with unexpected arguments", node=node)
+        return Match.ok((module.weight, module.bias))
+    if node.op != "call_function" or node.target not in functions:
+        return Match.fail(f"not an {kind}", node=node)
+    weight = node.args[1]
+    bias = node.args[2] if len(node.args) > 2 else None
+    if node.kwargs or not is_get_attr(weight) or not (bias is None or is_get_attr(bias)):
+        return Match.fail("weight or bias is computed, not a get_attr", node=node)
+    bias_tensor = get_attribute(graph_module, str(bias.target)) if bias is not None else None
+    return Match.ok((get_attribute(graph_module, str(weight.target)), bias_tensor))
 
 
 def layer_used_elsewhere(graph_module: GraphModule, node: Node) -> bool:

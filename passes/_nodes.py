@@ -9,7 +9,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from ._modules import get_attribute
+from ._modules import delete_if_unreferenced, get_attribute
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,11 @@ def argument(node: Node, index: int, name: str, default: Any = _MISSING) -> Any:
 
 def is_call(node: Node, *targets: Any) -> bool:
     return node.op == "call_function" and node.target in targets
+
+
+def is_get_attr(value: Any) -> bool:
+    """Whether ``value`` is a node reading a parameter or buffer (export graphs read weights this way)."""
+    return isinstance(value, Node) and value.op == "get_attr"
 
 
 def inherit_provenance(source: Node, node: Node) -> None:
@@ -84,3 +89,13 @@ def replace_with(node: Node, replacement: Node) -> None:
     """Reroutes every use of ``node`` to ``replacement`` and erases ``node``."""
     node.replace_all_uses_with(replacement)
     node.graph.erase_node(node)
+
+
+def bypass(graph_module: GraphModule, node: Node, source: Node) -> None:
+    """Removes ``node``, whose result is ``source`` unchanged: its users read ``source``.
+
+    A module it called is deleted once no node calls it any more.
+    """
+    replace_with(node, source)
+    if node.op == "call_module":
+        delete_if_unreferenced(graph_module, str(node.target))

@@ -15,6 +15,11 @@ work. On top of that:
   the node and ``node.meta["aot_reverse"][name]`` holds what ``reverse`` needs.
 - Options are a pydantic model (``Options``) declared per pass; unknown keys are
   rejected.
+- A pass that raises, returns something else than a GraphModule or leaves an
+  invalid graph ends in a :class:`PassFailure` naming it; the pipeline adds the
+  step it was and the passes before it.
+
+Passes that rewrite patterns build on ``rule.py``'s ``RewriteRule``.
 """
 
 from __future__ import annotations
@@ -38,14 +43,39 @@ TRANSFORMS_KEY = "aot_transforms"
 REVERSE_KEY = "aot_reverse"
 
 
+class PassFailure(PassError):
+    """A pass failed: which one, what went wrong and, in a pipeline, at which step.
+
+    ``at_step`` places it in a pipeline, in the spirit of torch.fx's pass manager
+    ("after the following passes: [...]"), on one line:
+    ``pass 'remove_dropout' (step 2, after passes [merge_linears]) failed: ...``.
+    """
+
+    def __init__(self, pass_name: str, detail: str, step: int | None = None, before: tuple[str, ...] = ()) -> None:
+        self.pass_name, self.detail, self.step, self.before = pass_name, detail, step, tuple(before)
+        super().__init__(f"pass '{pass_name}'{self._where()} failed: {detail}")
+
+    def _where(self) -> str:
+        if self.step is None:
+            return ""
+        if not self.before:
+            return f" (step {self.step}, the first pass)"
+        return f" (step {self.step}, after passes [{', '.join(self.before)}])"
+
+    def at_step(self, step: int, before: list[str] | tuple[str, ...]) -> PassFailure:
+        """The same failure, placed at ``step`` (counted from 1) after the passes ``before``."""
+        return PassFailure(self.pass_name, self.detail, step, tuple(before))
+
+
 @dataclass
 class PassResult:
     """What one application of a pass did.
 
     ``modified`` is False when the graph, its modules and tensors are exactly as
     they were; ``matched`` counts the candidate sites the pass looked at,
-    ``changed`` those it rewrote, and ``notes`` say why each other site was left
-    alone (like onnxscript's ``MatchResult.fail`` reasons).
+    ``changed`` those it rewrote, and ``notes`` say why each other site, and
+    each near miss, was left alone (the reasons of ``rule.Match.fail``, like
+    onnxscript's ``MatchResult.fail``).
     """
 
     graph_module: GraphModule
@@ -149,7 +179,7 @@ class Transformation(ABC):
         return self._report
 
     def note(self, message: str) -> None:
-        """Records why a candidate site was left alone."""
+        """Records why a site was left alone; ``rule.RewriteRule`` calls it with each ``Match.fail`` reason."""
         self.report.notes.append(message)
         logger.debug("%s: %s", self.name, message)
 
@@ -161,11 +191,11 @@ class Transformation(ABC):
         except AotError:
             raise
         except Exception as error:
-            raise PassError(f"pass '{self.name}' failed: {type(error).__name__}: {error}") from error
+            raise PassFailure(self.name, f"{type(error).__name__}: {error}") from error
         finally:
             report, self._report = self._report, None
         if not isinstance(result, GraphModule):
-            raise PassError(f"pass '{self.name}' returned {type(result).__name__}, not a GraphModule")
+            raise PassFailure(self.name, f"it returned {type(result).__name__}, not a GraphModule")
         if lint_and_recompile:
             lint_and_recompile_graph(result, self.name)
         modified = result is not graph_module or graph_fingerprint(result) != before
@@ -178,13 +208,13 @@ class Transformation(ABC):
         try:
             json.dumps(info)
         except TypeError as error:
-            raise PassError(f"pass '{self.name}' tried to store non-JSON reverse data on node '{node.name}': {error}") from error
+            raise PassFailure(self.name, f"it tried to store non-JSON reverse data on node '{node.name}': {error}") from error
         node.meta.setdefault(REVERSE_KEY, {})[self.name] = info
 
     def reverse_info(self, node: Node) -> dict[str, Any]:
         info = node.meta.get(REVERSE_KEY, {}).get(self.name)
         if info is None:
-            raise PassError(f"node '{node.name}' is marked as transformed by '{self.name}' but holds no reverse data")
+            raise PassFailure(self.name, f"node '{node.name}' is marked as transformed by it but holds no reverse data")
         return info
 
     def __repr__(self) -> str:
@@ -228,5 +258,5 @@ def lint_and_recompile_graph(graph_module: GraphModule, culprit: str) -> None:
     try:
         graph_module.graph.lint()
     except Exception as error:
-        raise PassError(f"the graph is invalid after pass '{culprit}': {error}") from error
+        raise PassFailure(culprit, f"it left an invalid graph: {error}") from error
     graph_module.recompile()

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +34,7 @@ from torch.fx import GraphModule, Node
 
 from .base import ReversibleTransformation
 from .registry import register_pass
+from .rule import Match, RewriteRule
 
 _aten = torch.ops.aten
 
@@ -55,8 +58,17 @@ _BY_TARGET = {(op, target): name for name, (op, target, _, _) in _DIVISIONS.item
 _NUMERATOR_KEYS = ("input", "self")
 
 
+@dataclass
+class _Division:
+    node: Node
+    name: str  # key of _DIVISIONS
+    numerator: Any
+    denominator: Any
+    keys: list[str | None]  # the keyword each operand was passed by, None when positional
+
+
 @register_pass("change_true_div_to_mul_by_inverse")
-class ChangeTrueDivToMulByInverse(ReversibleTransformation):
+class ChangeTrueDivToMulByInverse(RewriteRule, ReversibleTransformation):
     """Changes true divisions by a constant into multiplications by its inverse."""
 
     preserves_computation = True
@@ -68,48 +80,43 @@ class ChangeTrueDivToMulByInverse(ReversibleTransformation):
             description="Only rewrite when 1/c is exact (c a power of two), so outputs stay bit-identical.",
         )
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
-        for node in graph_module.graph.nodes:
-            name = _BY_TARGET.get((node.op, node.target)) if node.op in ("call_function", "call_method") else None
-            if name is None or self.transformed(node):
-                continue
-            self.report.matched += 1
-            operands = _operands(node)
-            if operands is None:
-                self.note(f"node '{node.name}': rounding_mode, out= or unexpected arguments")
-                continue
-            numerator, denominator, keys = operands
-            reason = self._reason_to_skip(node, name, numerator, denominator)
-            if reason:
-                self.note(f"node '{node.name}': {reason}")
-                continue
-            _, _, new_op, new_target = _DIVISIONS[name]
-            node.op, node.target = new_op, new_target
-            node.args, node.kwargs = (numerator, 1.0 / denominator), {}
-            self.mark_as_transformed(node)
-            self.save_reverse_info(node, {"division": name, "denominator": denominator, "keys": keys})
-            self.report.changed += 1
-        return graph_module
+    def pattern(self, graph_module: GraphModule, node: Node) -> bool:
+        is_division = node.op in ("call_function", "call_method") and (node.op, node.target) in _BY_TARGET
+        return is_division and not self.transformed(node)
 
-    def _reason_to_skip(self, node: Node, name: str, numerator, denominator) -> str | None:
+    def check(self, graph_module: GraphModule, node: Node) -> Match[_Division]:
+        division = _division(node)
+        return self._check_operands(division.value) if division else division
+
+    def rewrite(self, graph_module: GraphModule, division: _Division) -> None:
+        node = division.node
+        _, _, new_op, new_target = _DIVISIONS[division.name]
+        node.op, node.target = new_op, new_target
+        node.args, node.kwargs = (division.numerator, 1.0 / division.denominator), {}
+        self.mark_as_transformed(node)
+        self.save_reverse_info(node, {"division": division.name, "denominator": division.denominator, "keys": division.keys})
+
+    def _check_operands(self, division: _Division) -> Match[_Division]:
+        """Whether multiplying by the inverse of the denominator computes what dividing did."""
+        numerator, denominator, node = division.numerator, division.denominator, division.node
         if not isinstance(numerator, Node):
-            return "the numerator is a constant"
+            return Match.fail("the numerator is a constant", node=node)
         if isinstance(denominator, bool) or not isinstance(denominator, numbers.Real) or isinstance(denominator, Node):
-            return "the denominator is not a constant number"
+            return Match.fail("the denominator is not a constant number", node=node)
         if denominator == 0:
-            return "the denominator is zero; x / 0 is kept as written"
+            return Match.fail("the denominator is zero; x / 0 is kept as written", node=node)
         if not math.isfinite(denominator):
-            return "the denominator is not finite"
+            return Match.fail("the denominator is not finite", node=node)
         exact = _inverse_is_exact(float(denominator))
         if self.options.exact_only and not exact:
-            return f"1/{denominator} is not exact and exact_only is set"
+            return Match.fail(f"1/{denominator} is not exact and exact_only is set", node=node)
         val = numerator.meta.get("val")
-        if name == "operator.truediv" and not isinstance(val, torch.Tensor):
+        if division.name == "operator.truediv" and not isinstance(val, torch.Tensor):
             if val is not None:
-                return "the numerator is a Python number (shape arithmetic); kept exact"
+                return Match.fail("the numerator is a Python number (shape arithmetic); kept exact", node=node)
             if not exact:
-                return f"the numerator's type is unknown and 1/{denominator} is not exact"
-        return None
+                return Match.fail(f"the numerator's type is unknown and 1/{denominator} is not exact", node=node)
+        return Match.ok(division)
 
     def reverse(self, graph_module: GraphModule) -> GraphModule:
         for node in self.get_transformed_nodes(graph_module):
@@ -127,11 +134,12 @@ class ChangeTrueDivToMulByInverse(ReversibleTransformation):
         return graph_module
 
 
-def _operands(node: Node):
-    """(numerator, denominator, [numerator keyword or None, denominator keyword or None]) or None."""
+def _division(node: Node) -> Match[_Division]:
+    """The numerator and denominator of a division node, and the keywords they were passed by."""
     kwargs = dict(node.kwargs)
+    unexpected = Match.fail("rounding_mode, out= or unexpected arguments", node=node)
     if kwargs.pop("rounding_mode", None) is not None or "out" in kwargs:
-        return None
+        return unexpected
     args = list(node.args)
     keys: list[str | None] = []
     values = []
@@ -142,12 +150,12 @@ def _operands(node: Node):
             continue
         name = next((key for key in names if key in kwargs), None)
         if name is None:
-            return None
+            return unexpected
         values.append(kwargs.pop(name))
         keys.append(name)
     if len(args) > 2 or kwargs:
-        return None
-    return values[0], values[1], keys
+        return unexpected
+    return Match.ok(_Division(node, _BY_TARGET[(node.op, node.target)], values[0], values[1], keys))
 
 
 def _inverse_is_exact(denominator: float) -> bool:

@@ -9,6 +9,9 @@ Rewrites to: nothing. Then submodules, parameters and buffers that no node
 reaches are deleted from the graph module (never from the caller's model),
 which shrinks what is saved.
 
+Math: none to do. A node that no output depends on and that has no side
+effect cannot change what the module returns.
+
 Kept: placeholders, the output, and impure nodes (in-place ops, asserts,
 ``torch.export``'s ``_guards_fn`` and anything ``Node.is_impure`` reports).
 """

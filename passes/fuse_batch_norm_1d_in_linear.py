@@ -29,17 +29,28 @@ keeps its parameters: the fused copy gets a new name.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
 from ._batch_norm import BatchNorm, BatchNormFusion
-from ._layers import set_layer_parameters
-from ._modules import get_attribute
+from ._layers import LayerParameters, layer_parameters, set_layer_parameters
 from ._nodes import tensor_val
 from .registry import register_pass
+from .rule import Match
 
 _aten = torch.ops.aten
+
+
+@dataclass
+class _LinearBatchNorm:
+    batch_norm: BatchNorm
+    linear: Node
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    linear_first: bool  # Linear -> BN, else BN -> Linear
 
 
 @register_pass("fuse_batch_norm_1d_in_linear")
@@ -48,51 +59,41 @@ class FuseBatchNorm1dInLinear(BatchNormFusion):
 
     batch_norm_class = nn.BatchNorm1d
 
-    def _fuse(self, graph_module: GraphModule, batch_norm: BatchNorm) -> str | None:
+    def check_layer(self, graph_module: GraphModule, batch_norm: BatchNorm) -> Match[_LinearBatchNorm]:
         val = tensor_val(batch_norm.input)
         if val is None or val.dim() != 2:
-            return f"'{batch_norm.node.name}': input not known to be 2-D (rank {None if val is None else val.dim()})"
-        scale, shift = batch_norm.scale, batch_norm.shift
+            return Match.fail(f"'{batch_norm.node.name}': input not known to be 2-D (rank {None if val is None else val.dim()})")
         before = batch_norm.input
-        if _linear_parameters(graph_module, before) is not None and len(before.users) == 1:
-            weight, bias = _linear_parameters(graph_module, before)
+        parameters = _linear_parameters(graph_module, before)
+        if parameters and len(before.users) == 1:
+            return Match.ok(_LinearBatchNorm(batch_norm, before, *parameters.value, linear_first=True))
+        not_between = Match.fail(f"'{batch_norm.node.name}' is not the sole link between a Linear and its neighbour")
+        users = list(batch_norm.output.users)
+        if len(users) != 1:
+            return not_between
+        after = users[0]
+        parameters = _linear_parameters(graph_module, after)
+        if not parameters or after.args[0] is not batch_norm.output:
+            return not_between
+        return Match.ok(_LinearBatchNorm(batch_norm, after, *parameters.value, linear_first=False))
+
+    def rewrite(self, graph_module: GraphModule, fusion: _LinearBatchNorm) -> None:
+        batch_norm, linear, weight, bias = fusion.batch_norm, fusion.linear, fusion.weight, fusion.bias
+        scale, shift = batch_norm.scale, batch_norm.shift
+        if fusion.linear_first:
             bias64 = bias.detach().double() if bias is not None else torch.zeros_like(scale)
             new_weight = weight.detach().double() * scale[:, None]
             new_bias = bias64 * scale + shift
-            linear = before
             batch_norm.output.replace_all_uses_with(linear)
         else:
-            users = list(batch_norm.output.users)
-            after = users[0] if len(users) == 1 else None
-            parameters = _linear_parameters(graph_module, after) if after is not None else None
-            if parameters is None or after.args[0] is not batch_norm.output:
-                return f"'{batch_norm.node.name}' is not the sole link between a Linear and its neighbour"
-            weight, bias = parameters
             bias64 = bias.detach().double() if bias is not None else torch.zeros(weight.shape[0], dtype=torch.float64, device=weight.device)
             new_weight = weight.detach().double() * scale[None, :]
             new_bias = weight.detach().double() @ shift + bias64
-            linear = after
             linear.replace_input_with(batch_norm.output, batch_norm.input)
         set_layer_parameters(graph_module, linear, new_weight.to(weight.dtype), new_bias.to(weight.dtype), "bn_fused")
         self.mark_as_transformed(linear)
         batch_norm.erase(graph_module)
-        return None
 
 
-def _linear_parameters(graph_module: GraphModule, node: Node):
-    if node.op == "call_module":
-        module = graph_module.get_submodule(str(node.target))
-        if type(module) is not nn.Linear or len(node.args) != 1 or node.kwargs:
-            return None
-        return module.weight, module.bias
-    if node.op != "call_function" or node.target is not _aten.linear.default or node.kwargs:
-        return None
-    weight = node.args[1]
-    bias = node.args[2] if len(node.args) > 2 else None
-    if not _is_get_attr(weight) or not (bias is None or _is_get_attr(bias)):
-        return None
-    return get_attribute(graph_module, str(weight.target)), get_attribute(graph_module, str(bias.target)) if bias is not None else None
-
-
-def _is_get_attr(value) -> bool:
-    return isinstance(value, Node) and value.op == "get_attr"
+def _linear_parameters(graph_module: GraphModule, node: Node) -> Match[LayerParameters]:
+    return layer_parameters(graph_module, node, nn.Linear, (_aten.linear.default,))

@@ -27,17 +27,27 @@ the fused copy gets a new name. The caller's modules are never modified.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
 from ._batch_norm import BatchNorm, BatchNormFusion
-from ._layers import set_layer_parameters
-from ._modules import get_attribute
+from ._layers import LayerParameters, layer_parameters, set_layer_parameters
 from .registry import register_pass
+from .rule import Match
 
 _aten = torch.ops.aten
 _CONV_OPS = (_aten.conv2d.default, _aten.conv2d.padding, _aten.convolution.default)
+
+
+@dataclass
+class _ConvBatchNorm:
+    batch_norm: BatchNorm
+    conv: Node
+    weight: torch.Tensor
+    bias: torch.Tensor | None
 
 
 @register_pass("fuse_batch_norm_2d_in_conv_2d")
@@ -46,44 +56,32 @@ class FuseBatchNorm2dInConv2d(BatchNormFusion):
 
     batch_norm_class = nn.BatchNorm2d
 
-    def _fuse(self, graph_module: GraphModule, batch_norm: BatchNorm) -> str | None:
+    def check_layer(self, graph_module: GraphModule, batch_norm: BatchNorm) -> Match[_ConvBatchNorm]:
         conv = batch_norm.input
-        weight_bias = _conv_parameters(graph_module, conv)
-        if weight_bias is None:
-            return f"'{batch_norm.node.name}' does not follow a Conv2d"
+        parameters = _conv_2d_parameters(graph_module, conv)
+        if not parameters:
+            return Match.fail(f"'{batch_norm.node.name}' does not follow a Conv2d ({parameters.reason})")
         if len(conv.users) != 1:
-            return f"conv '{conv.name}' output is also read by {', '.join(u.name for u in conv.users if u is not batch_norm.node)}"
-        weight, bias = weight_bias
-        scale, shift = batch_norm.scale, batch_norm.shift
+            readers = ", ".join(user.name for user in conv.users if user is not batch_norm.node)
+            return Match.fail(f"conv '{conv.name}' output is also read by {readers}")
+        return Match.ok(_ConvBatchNorm(batch_norm, conv, *parameters.value))
+
+    def rewrite(self, graph_module: GraphModule, fusion: _ConvBatchNorm) -> None:
+        weight, bias, conv = fusion.weight, fusion.bias, fusion.conv
+        scale, shift = fusion.batch_norm.scale, fusion.batch_norm.shift
         bias64 = bias.detach().double() if bias is not None else torch.zeros_like(scale)
         new_weight = (weight.detach().double() * scale.reshape(-1, 1, 1, 1)).to(weight.dtype)
         new_bias = (bias64 * scale + shift).to(weight.dtype)
         set_layer_parameters(graph_module, conv, new_weight, new_bias, "bn_fused")
         self.mark_as_transformed(conv)
-        batch_norm.output.replace_all_uses_with(conv)
-        batch_norm.erase(graph_module)
-        return None
+        fusion.batch_norm.output.replace_all_uses_with(conv)
+        fusion.batch_norm.erase(graph_module)
 
 
-def _conv_parameters(graph_module: GraphModule, node: Node):
-    if node.op == "call_module":
-        module = graph_module.get_submodule(str(node.target))
-        if type(module) is not nn.Conv2d or len(node.args) != 1 or node.kwargs:
-            return None
-        return module.weight, module.bias
-    if node.op != "call_function" or node.target not in _CONV_OPS:
-        return None
-    if node.target is _aten.convolution.default and node.args[6]:
-        return None  # transposed
-    weight = node.args[1]
-    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-    if node.kwargs or not _is_get_attr(weight) or not (bias is None or _is_get_attr(bias)):
-        return None
-    weight_t = get_attribute(graph_module, str(weight.target))
-    if weight_t.dim() != 4:
-        return None
-    return weight_t, get_attribute(graph_module, str(bias.target)) if bias is not None else None
-
-
-def _is_get_attr(value) -> bool:
-    return isinstance(value, Node) and value.op == "get_attr"
+def _conv_2d_parameters(graph_module: GraphModule, node: Node) -> Match[LayerParameters]:
+    if node.op == "call_function" and node.target is _aten.convolution.default and node.args[6]:
+        return Match.fail("a transposed convolution", node=node)
+    parameters = layer_parameters(graph_module, node, nn.Conv2d, _CONV_OPS)
+    if parameters and parameters.value[0].dim() != 4:
+        return Match.fail("not a 2-D convolution", node=node)
+    return parameters

@@ -23,66 +23,67 @@ so a layer called twice is fused once. ``reverse`` splits the weight back into
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
 from ._modules import delete_if_unreferenced, fresh_target, get_attribute, has_attribute, set_submodule, set_tensor, split_target
-from ._nodes import infer_val, inherit_provenance
+from ._nodes import infer_val, inherit_provenance, is_get_attr
 from .base import ReversibleTransformation
 from .registry import register_pass
+from .rule import Match, RewriteRule
 
 _aten = torch.ops.aten
 _PAD_FUNCTIONS = (torch.nn.functional.pad, _aten.constant_pad_nd.default)
 
 
+@dataclass
+class _Layer:
+    """A linear layer with a bias and its call sites."""
+
+    key: str  # fx: the module path; export: "weight target|bias target"
+    nodes: list[Node]
+    used_elsewhere: bool  # fx: another node calls or reads the module in a way this pass cannot rewrite
+
+
 @register_pass("fuse_bias_in_linear")
-class FuseBiasInLinear(ReversibleTransformation):
+class FuseBiasInLinear(RewriteRule, ReversibleTransformation):
     """Folds the bias of linear layers into their weight, feeding the input padded with ones."""
 
     preserves_computation = True
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
+    def candidates(self, graph_module: GraphModule) -> Iterator[Match[_Layer]]:
+        """Each layer with a bias and all its call sites, found before any is rewritten."""
         sites: dict[str, list[Node]] = defaultdict(list)
         blocked: set[str] = set()  # layers with a call site or a use that cannot be rewritten
-        for node in graph_module.graph.nodes:
-            key = self._match(graph_module, node)
-            if key is not None:
-                sites[key].append(node)
-            elif node.op == "call_module":
+        for node in list(graph_module.graph.nodes):
+            if _is_linear_with_bias(graph_module, node):
+                key = _layer_key(node)
+                if key:
+                    sites[key.value].append(node)
+                    continue
+                yield key
+            if node.op == "call_module":
                 blocked.add(str(node.target))
             elif node.op == "get_attr":
                 blocked.add(split_target(str(node.target))[0])
         for key, nodes in sites.items():
-            if nodes[0].op == "call_module" and key in blocked:
-                self.report.matched += len(nodes)
-                self.note(f"layer '{key}' is also used in a way this pass cannot rewrite; left alone")
-                continue
-            self.report.matched += len(nodes)
-            if nodes[0].op == "call_module":
-                self._fuse_module(graph_module, key, nodes)
-            else:
-                self._fuse_aten(graph_module, nodes)
-            self.report.changed += len(nodes)
-        return graph_module
+            used_elsewhere = nodes[0].op == "call_module" and key in blocked
+            yield Match.ok(_Layer(key, nodes, used_elsewhere), sites=len(nodes))
 
-    def _match(self, graph_module: GraphModule, node: Node) -> str | None:
-        if node.op == "call_module":
-            module = graph_module.get_submodule(str(node.target))
-            if type(module) is not nn.Linear or module.bias is None:
-                return None
-            if len(node.args) + len(node.kwargs) != 1 or not isinstance(node.args[0] if node.args else node.kwargs.get("input"), Node):
-                self.note(f"node '{node.name}': unexpected call arguments")
-                return None
-            return str(node.target)
-        if node.op == "call_function" and node.target is _aten.linear.default and len(node.args) == 3 and not node.kwargs:
-            weight, bias = node.args[1], node.args[2]
-            if not all(isinstance(arg, Node) and arg.op == "get_attr" for arg in (weight, bias)):
-                self.note(f"node '{node.name}': weight or bias is computed, not a get_attr")
-                return None
-            return f"{weight.target}|{bias.target}"
-        return None
+    def check(self, graph_module: GraphModule, layer: _Layer) -> Match[_Layer]:
+        if layer.used_elsewhere:
+            return Match.fail(f"layer '{layer.key}' is also used in a way this pass cannot rewrite; left alone")
+        return Match.ok(layer)
+
+    def rewrite(self, graph_module: GraphModule, layer: _Layer) -> None:
+        if layer.nodes[0].op == "call_module":
+            self._fuse_module(graph_module, layer.key, layer.nodes)
+        else:
+            self._fuse_aten(graph_module, layer.nodes)
 
     def _pad_input(self, graph_module: GraphModule, node: Node, input_node: Node, fx: bool) -> Node:
         with graph_module.graph.inserting_before(node):
@@ -178,6 +179,25 @@ class FuseBiasInLinear(ReversibleTransformation):
             graph.erase_node(pad)
             self.mark_as_restored(node)
         return graph_module
+
+
+def _is_linear_with_bias(graph_module: GraphModule, node: Node) -> bool:
+    if node.op == "call_module":
+        module = graph_module.get_submodule(str(node.target))
+        return type(module) is nn.Linear and module.bias is not None
+    return node.op == "call_function" and node.target is _aten.linear.default and len(node.args) == 3 and not node.kwargs
+
+
+def _layer_key(node: Node) -> Match[str]:
+    """What identifies the layer a linear call runs: its module path (fx), its weight and bias targets (export)."""
+    if node.op == "call_module":
+        if len(node.args) + len(node.kwargs) != 1 or not isinstance(node.args[0] if node.args else node.kwargs.get("input"), Node):
+            return Match.fail("unexpected call arguments", node=node)
+        return Match.ok(str(node.target))
+    weight, bias = node.args[1], node.args[2]
+    if not (is_get_attr(weight) and is_get_attr(bias)):
+        return Match.fail("weight or bias is computed, not a get_attr", node=node)
+    return Match.ok(f"{weight.target}|{bias.target}")
 
 
 def _split(fused_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +39,10 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from ._modules import delete_if_unreferenced, fresh_target, get_attribute, has_attribute, set_submodule, set_tensor, split_target
-from ._nodes import infer_val, inherit_provenance
+from ._nodes import infer_val, inherit_provenance, is_get_attr
 from .base import ReversibleTransformation
 from .registry import register_pass
+from .rule import Match, RewriteRule
 
 _aten = torch.ops.aten
 
@@ -58,8 +60,16 @@ class _Layer:
     nodes: list[Node] = field(default_factory=list)
 
 
+@dataclass
+class _Group:
+    """Distinct linear layers reading the same input, merged into one."""
+
+    input: Node
+    layers: list[_Layer]
+
+
 @register_pass("merge_linears")
-class MergeLinears(ReversibleTransformation):
+class MergeLinears(RewriteRule, ReversibleTransformation):
     """Merges linear layers that read the same input into one wide linear layer."""
 
     preserves_computation = True
@@ -72,78 +82,39 @@ class MergeLinears(ReversibleTransformation):
             description="Also merge layers of different parent modules; the merged layer then lives in their closest common parent.",
         )
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
+    # -- matching ----------------------------------------------------------------------
+
+    def candidates(self, graph_module: GraphModule) -> Iterator[Match[_Group]]:
+        """The groups of distinct layers reading one input; a layer alone on its input is a near miss."""
         groups: dict[tuple, dict[str, _Layer]] = defaultdict(dict)
         for node in list(graph_module.graph.nodes):
-            site = self._match(graph_module, node)
-            if site is None:
+            if not _is_linear(graph_module, node):
                 continue
-            input_node, layer = site
+            site = _linear_site(graph_module, node)
+            if not site:
+                yield site
+                continue
+            input_node, layer = site.value
             scope = "" if self.options.across_scopes else split_target(layer.path)[0]
             group_key = (input_node, scope, layer.weight.dtype, layer.weight.device, node.op)
             groups[group_key].setdefault(layer.key, layer).nodes.append(node)
-        self._note_scope_splits(groups)
+        yield from _scope_splits(groups)
         for (input_node, *_), layers in groups.items():
             if len(layers) < 2:
-                continue
-            self.report.matched += 1
-            if len(layers) < self.options.min_group_size:
-                self.note(f"input '{input_node.name}': {len(layers)} layers, fewer than min_group_size")
-                continue
-            self._merge(graph_module, input_node, list(layers.values()))
-            self.report.changed += 1
-        return graph_module
+                [layer] = layers.values()
+                yield Match.fail(f"input '{input_node.name}': '{layer.path}' is the only linear layer reading it; nothing to merge with")
+            else:
+                yield Match.ok(_Group(input_node, list(layers.values())))
 
-    # -- matching ----------------------------------------------------------------------
-
-    def _match(self, graph_module: GraphModule, node: Node) -> tuple[Node, _Layer] | None:
-        if node.op == "call_module":
-            module = graph_module.get_submodule(str(node.target))
-            if not isinstance(module, nn.Linear):
-                return None
-            if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
-                self.note(f"node '{node.name}': '{node.target}' is a subclass of nn.Linear or has hooks")
-                return None
-            operands = list(node.args) + list(node.kwargs.values())
-            if len(operands) != 1 or not isinstance(operands[0], Node) or set(node.kwargs) - {"input"}:
-                self.note(f"node '{node.name}': unexpected call arguments")
-                return None
-            layer = _Layer(str(node.target), module.weight, module.bias, str(node.target))
-            return operands[0], layer
-        if node.op == "call_function" and node.target is _aten.linear.default:
-            input_node, weight, bias = (list(node.args) + [None, None])[:3]
-            bias = node.kwargs.get("bias", bias)
-            if not _is_get_attr(weight) or not (bias is None or _is_get_attr(bias)) or not isinstance(input_node, Node):
-                self.note(f"node '{node.name}': weight or bias is computed, not a get_attr")
-                return None
-            weight_target = str(weight.target)
-            bias_target = str(bias.target) if bias is not None else None
-            layer = _Layer(
-                key=f"{weight_target}|{bias_target}",
-                weight=get_attribute(graph_module, weight_target),
-                bias=get_attribute(graph_module, bias_target) if bias_target else None,
-                path=split_target(weight_target)[0] if weight_target.endswith(".weight") else weight_target,
-                weight_target=weight_target,
-                bias_target=bias_target,
-            )
-            return input_node, layer
-        return None
-
-    def _note_scope_splits(self, groups: dict[tuple, dict[str, _Layer]]) -> None:
-        by_input: dict[Node, list[tuple]] = defaultdict(list)
-        for key in groups:
-            by_input[key[0]].append(key)
-        for input_node, keys in by_input.items():
-            if len(keys) > 1:
-                described = sorted({f"{key[1] or '<root>'} ({key[2]})" for key in keys})
-                self.note(
-                    f"input '{input_node.name}': linear layers in different scopes or dtypes not merged together: {', '.join(described)}"
-                )
+    def check(self, graph_module: GraphModule, group: _Group) -> Match[_Group]:
+        if len(group.layers) < self.options.min_group_size:
+            return Match.fail(f"input '{group.input.name}': {len(group.layers)} layers, fewer than min_group_size")
+        return Match.ok(group)
 
     # -- rewriting ---------------------------------------------------------------------
 
-    def _merge(self, graph_module: GraphModule, input_node: Node, layers: list[_Layer]) -> None:
-        graph = graph_module.graph
+    def rewrite(self, graph_module: GraphModule, group: _Group) -> None:
+        graph, input_node, layers = graph_module.graph, group.input, group.layers
         weight = torch.cat([layer.weight.detach() for layer in layers], dim=0)
         has_bias = [layer.bias is not None for layer in layers]
         bias = None
@@ -256,8 +227,50 @@ class MergeLinears(ReversibleTransformation):
         return operands
 
 
-def _is_get_attr(value: Any) -> bool:
-    return isinstance(value, Node) and value.op == "get_attr"
+def _linear_site(graph_module: GraphModule, node: Node) -> Match[tuple[Node, _Layer]]:
+    """The input ``node`` applies a linear layer to, and the layer; or why it cannot be merged."""
+    if node.op == "call_module":
+        module = graph_module.get_submodule(str(node.target))
+        if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+            return Match.fail(f"'{node.target}' is a subclass of nn.Linear or has hooks", node=node)
+        operands = list(node.args) + list(node.kwargs.values())
+        if len(operands) != 1 or not isinstance(operands[0], Node) or set(node.kwargs) - {"input"}:
+            return Match.fail("unexpected call arguments", node=node)
+        return Match.ok((operands[0], _Layer(str(node.target), module.weight, module.bias, str(node.target))))
+    input_node, weight, bias = (list(node.args) + [None, None])[:3]
+    bias = node.kwargs.get("bias", bias)
+    if not is_get_attr(weight) or not (bias is None or is_get_attr(bias)) or not isinstance(input_node, Node):
+        return Match.fail("weight or bias is computed, not a get_attr", node=node)
+    weight_target = str(weight.target)
+    bias_target = str(bias.target) if bias is not None else None
+    layer = _Layer(
+        key=f"{weight_target}|{bias_target}",
+        weight=get_attribute(graph_module, weight_target),
+        bias=get_attribute(graph_module, bias_target) if bias_target else None,
+        path=split_target(weight_target)[0] if weight_target.endswith(".weight") else weight_target,
+        weight_target=weight_target,
+        bias_target=bias_target,
+    )
+    return Match.ok((input_node, layer))
+
+
+def _is_linear(graph_module: GraphModule, node: Node) -> bool:
+    if node.op == "call_module":
+        return isinstance(graph_module.get_submodule(str(node.target)), nn.Linear)
+    return node.op == "call_function" and node.target is _aten.linear.default
+
+
+def _scope_splits(groups: dict[tuple, dict[str, _Layer]]) -> Iterator[Match]:
+    """Near misses: linear layers on one input kept apart by their scope or dtype."""
+    by_input: dict[Node, list[tuple]] = defaultdict(list)
+    for key in groups:
+        by_input[key[0]].append(key)
+    for input_node, keys in by_input.items():
+        if len(keys) > 1:
+            described = sorted({f"{key[1] or '<root>'} ({key[2]})" for key in keys})
+            yield Match.fail(
+                f"input '{input_node.name}': linear layers in different scopes or dtypes not merged together: {', '.join(described)}"
+            )
 
 
 def _arg_name(node: Node, index: int) -> str | None:

@@ -37,6 +37,10 @@ an opaque oneDNN tensor that cannot be saved or copied.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
@@ -48,6 +52,7 @@ from ._modules import delete_if_unreferenced, set_submodule
 from ._nodes import inherit_provenance
 from .base import ReversibleTransformation
 from .registry import register_pass
+from .rule import Match, RewriteRule
 
 _F = nn.functional
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
@@ -60,8 +65,16 @@ _FUNCTIONAL_FORM = {
 _APPROXIMATE = {"none": "gelu", "tanh": "gelu_tanh"}
 
 
+@dataclass
+class _Layer:
+    """An nn.Linear and its call sites: one module, so packed once for all of them."""
+
+    target: str
+    nodes: list[Node]
+
+
 @register_pass("prepack_linear_weights", frontends=("fx",))
-class PrepackLinearWeights(ReversibleTransformation):
+class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
     """Runs nn.Linear layers on pre-packed oneDNN weights, fusing a GELU/ReLU that follows."""
 
     preserves_computation = True
@@ -73,57 +86,56 @@ class PrepackLinearWeights(ReversibleTransformation):
             default=128, ge=1, description="Rows (batch x sequence) the packed weight layout is tuned for; any row count gives the same result."
         )
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
+    # -- matching ----------------------------------------------------------------------
+
+    def candidates(self, graph_module: GraphModule) -> Iterator[Match[_Layer]]:
+        """Each nn.Linear with all its call sites.
+
+        A layer called at several sites keeps the activations after it: a near
+        miss of the pattern "linear, then its activation", noted.
+        """
         sites: dict[str, list[Node]] = {}
         for node in graph_module.graph.nodes:
             if node.op == "call_module" and isinstance(graph_module.get_submodule(str(node.target)), nn.Linear):
                 sites.setdefault(str(node.target), []).append(node)
         for target, nodes in sites.items():
-            self.report.matched += len(nodes)
-            reason = self._reason_to_skip(graph_module.get_submodule(target), nodes)
-            if reason:
-                for node in nodes:
-                    self.note(f"node '{node.name}': {reason}")
-                continue
-            fused = self._fusable_activation(graph_module, nodes)
-            activation = "none" if fused is None else fused[1]
-            set_submodule(graph_module, target, OneDNNLinear.from_linear(graph_module.get_submodule(target), activation, self.options.batch_size_hint))
-            if fused is not None:
-                self._fuse(graph_module, nodes[0], fused[0])
-            for node in nodes:
-                self.mark_as_transformed(node)
-                self.save_reverse_info(node, {"activation": activation})
-            self.report.changed += len(nodes)
-        return graph_module
+            if len(nodes) > 1 and self.options.fuse_activation and any(_activation_after(graph_module, node) for node in nodes):
+                yield Match.fail(f"'{target}' is called at {len(nodes)} sites, its activation is not fused", node=nodes[0])
+            yield Match.ok(_Layer(target, nodes), sites=len(nodes))
 
-    # -- matching ----------------------------------------------------------------------
+    def check(self, graph_module: GraphModule, layer: _Layer) -> Match[_Layer]:
+        """Whether the layer may become a OneDNNLinear."""
+        module = graph_module.get_submodule(layer.target)
+        where = f"layer '{layer.target}' ({', '.join(node.name for node in layer.nodes)})"
+        if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+            return Match.fail(f"{where}: the layer is a subclass of nn.Linear or has hooks")
+        if not all(_called_on_one_input(node) for node in layer.nodes):
+            return Match.fail(f"{where}: unexpected call arguments at one of the layer's call sites")
+        if module.weight.dtype not in _PACKABLE_DTYPES or (module.bias is not None and module.bias.dtype != module.weight.dtype):
+            return Match.fail(f"{where}: weights are {module.weight.dtype}, oneDNN packing is for float32/bfloat16")
+        if module.weight.device.type != "cpu":
+            return Match.fail(f"{where}: weights are on {module.weight.device}, oneDNN packing is for the CPU")
+        return Match.ok(layer)
 
-    def _reason_to_skip(self, layer: nn.Linear, nodes: list[Node]) -> str:
-        """Why the layer called by ``nodes`` must stay an nn.Linear, or "" if it may be packed."""
-        if type(layer) is not nn.Linear or layer._forward_hooks or layer._forward_pre_hooks:
-            return "the layer is a subclass of nn.Linear or has hooks"
-        if any(_input(node) is None for node in nodes):
-            return "unexpected call arguments at one of the layer's call sites"
-        if layer.weight.dtype not in _PACKABLE_DTYPES or (layer.bias is not None and layer.bias.dtype != layer.weight.dtype):
-            return f"weights are {layer.weight.dtype}, oneDNN packing is for float32/bfloat16"
-        if layer.weight.device.type != "cpu":
-            return f"weights are on {layer.weight.device}, oneDNN packing is for the CPU"
-        return ""
+    # -- rewriting ---------------------------------------------------------------------
 
-    def _fusable_activation(self, graph_module: GraphModule, nodes: list[Node]) -> tuple[Node, str] | None:
-        """The activation node that is the only user of the layer's output, and its OneDNNLinear name."""
-        fusable = []
+    def rewrite(self, graph_module: GraphModule, layer: _Layer) -> None:
+        target, nodes = layer.target, layer.nodes
+        fused = self._activation_to_fuse(graph_module, layer)
+        activation = fused.value[1] if fused else "none"
+        set_submodule(graph_module, target, OneDNNLinear.from_linear(graph_module.get_submodule(target), activation, self.options.batch_size_hint))
+        if fused:
+            self._fuse(graph_module, nodes[0], fused.value[0])
         for node in nodes:
-            if self.options.fuse_activation and len(node.users) == 1:
-                activation = _activation_of(graph_module, next(iter(node.users)), node)
-                if activation is not None:
-                    fusable.append((next(iter(node.users)), activation))
-        if not fusable:
-            return None
-        if len(nodes) > 1:  # one module, one activation: it would differ between the sites
-            self.note(f"node '{nodes[0].name}': '{nodes[0].target}' is called at {len(nodes)} sites, its activation is not fused")
-            return None
-        return fusable[0]
+            self.mark_as_transformed(node)
+            self.save_reverse_info(node, {"activation": activation})
+
+    def _activation_to_fuse(self, graph_module: GraphModule, layer: _Layer) -> Match[tuple[Node, str]]:
+        if not self.options.fuse_activation:
+            return Match.fail("fuse_activation is off")
+        if len(layer.nodes) > 1:  # one module, one activation: it would differ between the sites
+            return Match.fail(f"'{layer.target}' is called at {len(layer.nodes)} sites")
+        return _activation_after(graph_module, layer.nodes[0])
 
     def _fuse(self, graph_module: GraphModule, node: Node, activation_node: Node) -> None:
         if "val" in activation_node.meta:
@@ -157,38 +169,52 @@ class PrepackLinearWeights(ReversibleTransformation):
         return graph_module
 
 
-def _input(node: Node) -> Node | None:
+def _called_on_one_input(node: Node) -> bool:
     operands = list(node.args) + list(node.kwargs.values())
-    if len(operands) != 1 or not isinstance(operands[0], Node) or set(node.kwargs) - {"input"}:
-        return None
-    return operands[0]
+    return len(operands) == 1 and isinstance(operands[0], Node) and not set(node.kwargs) - {"input"}
 
 
-def _activation_of(graph_module: GraphModule, user: Node, source: Node) -> str | None:
-    """The OneDNNLinear activation ``user`` applies to ``source``, or None if it is not one that fuses."""
+def _activation_after(graph_module: GraphModule, node: Node) -> Match[tuple[Node, str]]:
+    """The activation node that is the only reader of ``node``, and its OneDNNLinear name."""
+    if len(node.users) != 1:
+        return Match.fail(f"read by {len(node.users)} nodes, not by an activation alone", node=node)
+    user = next(iter(node.users))
+    activation = _activation_of(graph_module, user, node)
+    return Match.ok((user, activation.value)) if activation else activation
+
+
+def _activation_of(graph_module: GraphModule, user: Node, source: Node) -> Match[str]:
+    """The OneDNNLinear activation ``user`` applies to ``source``, if it is one that fuses."""
     args, kwargs = list(user.args), dict(user.kwargs)
+    not_fusable = Match.fail("not a GELU or ReLU that fuses", node=user)
     if not args or args[0] is not source:
-        return None
+        return not_fusable
     if user.op == "call_module":
         module = graph_module.get_submodule(str(user.target))
         if len(args) != 1 or kwargs or module._forward_hooks or module._forward_pre_hooks:
-            return None
+            return not_fusable
         if type(module) is nn.GELU:
-            return _APPROXIMATE.get(module.approximate)
+            return _gelu(module.approximate, user)
         if type(module) is nn.ReLU:
-            return "relu"
+            return Match.ok("relu")
         if type(module).__name__ == "GELUActivation" and getattr(module, "act", None) is _F.gelu:
-            return "gelu"  # transformers.activations.GELUActivation, when traced as a leaf
-        return None
+            return Match.ok("gelu")  # transformers.activations.GELUActivation, when traced as a leaf
+        return not_fusable
     if user.op == "call_function" and user.target is _F.gelu:  # also torch._C._nn.gelu, the same object
         approximate = args[1] if len(args) > 1 else kwargs.pop("approximate", "none")
         if len(args) > 2 or set(kwargs) - {"approximate"}:
-            return None
-        return _APPROXIMATE.get(approximate) if isinstance(approximate, str) else None
+            return not_fusable
+        return _gelu(approximate, user)
     if (user.op == "call_function" and user.target in (_F.relu, torch.relu)) or (user.op == "call_method" and user.target == "relu"):
         inplace = args[1] if len(args) > 1 else kwargs.pop("inplace", False)
-        return "relu" if len(args) <= 2 and not kwargs and isinstance(inplace, bool) else None
-    return None
+        return Match.ok("relu") if len(args) <= 2 and not kwargs and isinstance(inplace, bool) else not_fusable
+    return not_fusable
+
+
+def _gelu(approximate: Any, node: Node) -> Match[str]:
+    if isinstance(approximate, str) and approximate in _APPROXIMATE:
+        return Match.ok(_APPROXIMATE[approximate])
+    return Match.fail(f"GELU with approximate={approximate!r}", node=node)
 
 
 def _linear_sharing(packed: OneDNNLinear) -> nn.Linear:

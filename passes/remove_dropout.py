@@ -22,10 +22,9 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from ._modules import delete_if_unreferenced
-from ._nodes import argument, replace_with
-from .base import Transformation
+from ._nodes import argument, bypass
 from .registry import register_pass
+from .rule import Match, RewriteRule
 
 _aten = torch.ops.aten
 _F = torch.nn.functional
@@ -46,46 +45,31 @@ _DROPOUT_FUNCTIONS = {
 
 
 @register_pass("remove_dropout")
-class RemoveDropout(Transformation):
+class RemoveDropout(RewriteRule):
     """Removes dropout that is a no-op: eval mode or p = 0."""
 
     preserves_computation = True
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
-        removed_modules = set()
-        for node in list(graph_module.graph.nodes):
-            reason = self._reason_to_keep(graph_module, node)
-            if reason is None:
-                continue
-            self.report.matched += 1
-            if reason:
-                self.note(f"node '{node.name}': {reason}")
-                continue
-            input_node = node.args[0] if node.args else next(iter(node.kwargs.values()))
-            replace_with(node, input_node)
-            if node.op == "call_module":
-                removed_modules.add(str(node.target))
-            self.report.changed += 1
-        for target in removed_modules:
-            delete_if_unreferenced(graph_module, target)
-        return graph_module
+    def pattern(self, graph_module: GraphModule, node: Node) -> bool:
+        if node.op == "call_module":
+            return isinstance(graph_module.get_submodule(str(node.target)), _DROPOUT_MODULES)
+        return node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS
 
-    def _reason_to_keep(self, graph_module: GraphModule, node: Node) -> str | None:
-        """None: not a dropout; "": a no-op dropout; otherwise why it must stay."""
+    def check(self, graph_module: GraphModule, node: Node) -> Match[tuple[Node, Node]]:
+        """A dropout that returns its input: (the dropout, its input)."""
         if node.op == "call_module":
             module = graph_module.get_submodule(str(node.target))
-            if not isinstance(module, _DROPOUT_MODULES):
-                return None
             if module.training and module.p > 0:
-                return "in training mode"
-            return "" if len(node.args) + len(node.kwargs) == 1 else "unexpected arguments"
-        if node.op != "call_function" or node.target not in _DROPOUT_FUNCTIONS:
-            return None
-        index, keyword, default = _DROPOUT_FUNCTIONS[node.target]
-        p = argument(node, 1, "p", 0.5)
-        training = argument(node, index, keyword, default)
-        if isinstance(p, (int, float)) and p == 0:
-            return ""
-        if training is False:
-            return ""
-        return "in training mode" if training is not None else "training flag not known"
+                return Match.fail("in training mode", node=node)
+            if len(node.args) + len(node.kwargs) != 1:
+                return Match.fail("unexpected arguments", node=node)
+        else:
+            index, keyword, default = _DROPOUT_FUNCTIONS[node.target]
+            p = argument(node, 1, "p", 0.5)
+            training = argument(node, index, keyword, default)
+            if not (isinstance(p, (int, float)) and p == 0) and training is not False:
+                return Match.fail("in training mode" if training is not None else "training flag not known", node=node)
+        return Match.ok((node, node.args[0] if node.args else next(iter(node.kwargs.values()))))
+
+    def rewrite(self, graph_module: GraphModule, dropout: tuple[Node, Node]) -> None:
+        bypass(graph_module, *dropout)

@@ -21,16 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from ._modules import delete_if_unreferenced
-from ._nodes import replace_with
-from .base import Transformation
+from ._nodes import bypass
 from .registry import register_pass
+from .rule import Match, RewriteRule
 
 _aten = torch.ops.aten
 
 
 @register_pass("remove_identity")
-class RemoveIdentity(Transformation):
+class RemoveIdentity(RewriteRule):
     """Removes nn.Identity calls and aliases that return their input unchanged."""
 
     preserves_computation = True
@@ -39,27 +38,19 @@ class RemoveIdentity(Transformation):
         model_config = ConfigDict(extra="forbid")
         remove_detach: bool = Field(default=False, description="Also remove detach (fine for inference, not for training).")
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
-        removed_modules = set()
-        for node in list(graph_module.graph.nodes):
-            if not self._is_identity(graph_module, node):
-                continue
-            self.report.matched += 1
-            operands = list(node.args) + list(node.kwargs.values())
-            if len(operands) != 1 or not isinstance(operands[0], Node):
-                self.note(f"node '{node.name}': unexpected arguments")
-                continue
-            replace_with(node, operands[0])
-            if node.op == "call_module":
-                removed_modules.add(str(node.target))
-            self.report.changed += 1
-        for target in removed_modules:
-            delete_if_unreferenced(graph_module, target)
-        return graph_module
-
-    def _is_identity(self, graph_module: GraphModule, node: Node) -> bool:
+    def pattern(self, graph_module: GraphModule, node: Node) -> bool:
         if node.op == "call_module":
             return type(graph_module.get_submodule(str(node.target))) is nn.Identity
         if node.op == "call_function":
             return node.target is _aten.alias.default or (self.options.remove_detach and node.target in (_aten.detach.default, torch.detach))
         return node.op == "call_method" and node.target == "detach" and self.options.remove_detach
+
+    def check(self, graph_module: GraphModule, node: Node) -> Match[tuple[Node, Node]]:
+        """(the identity, its one operand)."""
+        operands = list(node.args) + list(node.kwargs.values())
+        if len(operands) != 1 or not isinstance(operands[0], Node):
+            return Match.fail("unexpected arguments", node=node)
+        return Match.ok((node, operands[0]))
+
+    def rewrite(self, graph_module: GraphModule, identity: tuple[Node, Node]) -> None:
+        bypass(graph_module, *identity)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from ._nodes import tensor_val
-from .base import Transformation
+from ._nodes import replace_with, tensor_val
 from .registry import register_pass
+from .rule import Match, RewriteRule
 
 _aten = torch.ops.aten
 _CAST_METHODS = {"to", "type", "float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char"}
@@ -31,37 +31,29 @@ _CAST_FUNCTIONS = (_aten.to.dtype, _aten.to.dtype_layout, _aten.to.device, _aten
 
 
 @register_pass("remove_redundant_casts")
-class RemoveRedundantCasts(Transformation):
+class RemoveRedundantCasts(RewriteRule):
     """Removes dtype/device conversions that do not change the tensor."""
 
     preserves_computation = True
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
-        for node in list(graph_module.graph.nodes):
-            is_cast = (node.op == "call_method" and node.target in _CAST_METHODS) or (
-                node.op == "call_function" and node.target in _CAST_FUNCTIONS
-            )
-            if not is_cast or not node.args or not isinstance(node.args[0], Node):
-                continue
-            self.report.matched += 1
-            reason = _reason_to_keep(node)
-            if reason:
-                self.note(f"node '{node.name}': {reason}")
-                continue
-            node.replace_all_uses_with(node.args[0])
-            graph_module.graph.erase_node(node)
-            self.report.changed += 1
-        return graph_module
+    def pattern(self, graph_module: GraphModule, node: Node) -> bool:
+        is_cast = (node.op == "call_method" and node.target in _CAST_METHODS) or (
+            node.op == "call_function" and node.target in _CAST_FUNCTIONS
+        )
+        return is_cast and bool(node.args) and isinstance(node.args[0], Node)
 
+    def check(self, graph_module: GraphModule, node: Node) -> Match[Node]:
+        """A cast that returns its input unchanged."""
+        if node.kwargs.get("copy") or node.kwargs.get("memory_format") not in (None, torch.preserve_format):
+            return Match.fail("copy or memory_format requested", node=node)
+        if node.op == "call_method" and node.target == "type" and len(node.args) + len(node.kwargs) == 1:
+            return Match.fail("x.type() returns a string", node=node)
+        source, result = tensor_val(node.args[0]), tensor_val(node)
+        if source is None or result is None:
+            return Match.fail("dtype unknown (no meta['val'])", node=node)
+        if (source.dtype, source.device, source.layout) != (result.dtype, result.device, result.layout):
+            return Match.fail("it changes dtype, device or layout", node=node)
+        return Match.ok(node)
 
-def _reason_to_keep(node: Node) -> str | None:
-    if node.kwargs.get("copy") or node.kwargs.get("memory_format") not in (None, torch.preserve_format):
-        return "copy or memory_format requested"
-    if node.op == "call_method" and node.target == "type" and len(node.args) + len(node.kwargs) == 1:
-        return "x.type() returns a string"
-    source, result = tensor_val(node.args[0]), tensor_val(node)
-    if source is None or result is None:
-        return "dtype unknown (no meta['val'])"
-    if (source.dtype, source.device, source.layout) != (result.dtype, result.device, result.layout):
-        return "it changes dtype, device or layout"
-    return None
+    def rewrite(self, graph_module: GraphModule, cast: Node) -> None:
+        replace_with(cast, cast.args[0])

@@ -25,9 +25,9 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ._nodes import tensor_val
-from .base import Transformation
+from ._nodes import replace_with, tensor_val
 from .registry import register_pass
+from .rule import Match, RewriteRule
 
 _aten = torch.ops.aten
 _SHAPE_METHODS = {"view", "reshape", "expand", "view_as", "reshape_as", "expand_as"}
@@ -36,38 +36,31 @@ _RESHAPES = ({"reshape"}, (torch.reshape, _aten.reshape.default))
 
 
 @register_pass("remove_redundant_reshapes")
-class RemoveRedundantReshapes(Transformation):
+class RemoveRedundantReshapes(RewriteRule):
     """Removes reshapes that keep the shape and collapses reshape chains."""
 
     preserves_computation = True
 
-    def transform(self, graph_module: GraphModule) -> GraphModule:
-        for node in list(graph_module.graph.nodes):
-            if not _is_shape_op(node):
-                continue
-            self.report.matched += 1
-            source, result = tensor_val(node.args[0]), tensor_val(node)
-            if source is None or result is None:
-                self.note(f"node '{node.name}': shape unknown (no meta['val'])")
-                continue
-            if _same_shape(source.shape, result.shape):
-                node.replace_all_uses_with(node.args[0])
-                graph_module.graph.erase_node(node)
-                self.report.changed += 1
-                continue
-            inner = node.args[0]
-            if _is_reshape(node) and _is_reshape(inner) and len(inner.users) == 1:
-                node.replace_input_with(inner, inner.args[0])
-                graph_module.graph.erase_node(inner)
-                self.report.changed += 1
-        return graph_module
+    def pattern(self, graph_module: GraphModule, node: Node) -> bool:
+        is_op = (node.op == "call_method" and node.target in _SHAPE_METHODS) or (
+            node.op == "call_function" and node.target in _SHAPE_FUNCTIONS
+        )
+        return is_op and bool(node.args) and isinstance(node.args[0], Node)
 
+    def check(self, graph_module: GraphModule, node: Node) -> Match[Node]:
+        """The reshape to drop: ``node`` itself when it keeps the shape, else the reshape before it in a chain."""
+        source, result = tensor_val(node.args[0]), tensor_val(node)
+        if source is None or result is None:
+            return Match.fail("shape unknown (no meta['val'])", node=node)
+        if _same_shape(source.shape, result.shape):
+            return Match.ok(node)
+        inner = node.args[0]
+        if _is_reshape(node) and _is_reshape(inner) and len(inner.users) == 1:
+            return Match.ok(inner)
+        return Match.fail("it changes the shape and does not follow a reshape only it reads", node=node)
 
-def _is_shape_op(node: Node) -> bool:
-    is_op = (node.op == "call_method" and node.target in _SHAPE_METHODS) or (
-        node.op == "call_function" and node.target in _SHAPE_FUNCTIONS
-    )
-    return is_op and bool(node.args) and isinstance(node.args[0], Node)
+    def rewrite(self, graph_module: GraphModule, reshape: Node) -> None:
+        replace_with(reshape, reshape.args[0])
 
 
 def _is_reshape(node) -> bool:

@@ -1,4 +1,4 @@
-"""Graphs on both frontends, small Hugging Face models, and numeric comparisons for the pass tests."""
+"""Graphs on both frontends, toy modules, small Hugging Face models, and numeric comparisons for the pass tests."""
 
 from __future__ import annotations
 
@@ -84,6 +84,12 @@ def call_targets(graph_module: GraphModule) -> collections.Counter:
     return counter
 
 
+def count_calls(graph_module: GraphModule, *targets) -> int:
+    """How many nodes call any of ``targets`` (functions, method names or module class names)."""
+    counts = call_targets(graph_module)
+    return sum(counts[target] for target in targets)
+
+
 def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
 
@@ -93,6 +99,56 @@ def assert_same_tensors(module: nn.Module, saved: dict[str, torch.Tensor]) -> No
     assert current.keys() == saved.keys(), f"state dict keys changed: {sorted(current.keys() ^ saved.keys())}"
     for name, tensor in saved.items():
         assert current[name].shape == tensor.shape and torch.equal(current[name], tensor), f"tensor '{name}' changed"
+
+
+# -- toy modules shared by several test files -----------------------------------------------
+
+
+def with_statistics(batch_norm: nn.modules.batchnorm._BatchNorm) -> nn.modules.batchnorm._BatchNorm:
+    """``batch_norm`` with running statistics and affine parameters far from 0 and 1, so a wrong fold shows."""
+    with torch.no_grad():
+        if batch_norm.track_running_stats:
+            batch_norm.running_mean.uniform_(-1, 1)
+            batch_norm.running_var.uniform_(0.5, 2)
+        if batch_norm.affine:
+            batch_norm.weight.uniform_(0.5, 2)
+            batch_norm.bias.uniform_(-1, 1)
+    return batch_norm
+
+
+class LinearPair(nn.Module):
+    """Two linear layers reading one input (4 features), the second without bias: a merge_linears group."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 3, bias=False)
+
+    def forward(self, x):
+        return self.a(x).sum(-1) + self.b(x).sum(-1)
+
+
+class SingleLinear(nn.Module):
+    """One linear layer (4 features): nothing for merge_linears to merge it with."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+class ConvOutputUsedTwice(nn.Module):
+    """A conv read by its batch norm and by an addition: folding the batch norm would change the addition."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = with_statistics(nn.BatchNorm2d(4))
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y
 
 
 # -- small Hugging Face models --------------------------------------------------------------

@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from aot.passes import DeepCopy, MergeLinears
-from tests.passes.helpers import FRONTENDS, assert_matches_eager, graph, randn_sets
-
-
-class Pair(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.a(x).sum(-1) + self.b(x).sum(-1)
+from tests.passes.helpers import FRONTENDS, LinearPair, assert_matches_eager, graph, randn_sets
 
 
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_copy_is_independent_keeps_marks_and_is_unmodified(frontend):
     torch.manual_seed(0)
-    model = Pair().eval()
+    model = LinearPair().eval()
     graph_module = graph(frontend, model, torch.randn(2, 3, 4))
     MergeLinears()(graph_module)
 

@@ -7,7 +7,16 @@ import torch
 from torch import nn
 
 from aot.passes import FuseBatchNorm1dInLinear
-from tests.passes.helpers import FRONTENDS, assert_matches_eager, assert_same_tensors, call_targets, graph, randn_sets, snapshot
+from tests.passes.helpers import (
+    FRONTENDS,
+    assert_matches_eager,
+    assert_same_tensors,
+    count_calls,
+    graph,
+    randn_sets,
+    snapshot,
+    with_statistics,
+)
 
 aten = torch.ops.aten
 SHAPES = [(2, 6), (3, 6), (7, 6)]
@@ -15,15 +24,7 @@ BATCH_NORMS = ("BatchNorm1d", aten.batch_norm.default, aten._native_batch_norm_l
 
 
 def _bn(features: int, **options) -> nn.BatchNorm1d:
-    bn = nn.BatchNorm1d(features, **options)
-    with torch.no_grad():
-        if bn.track_running_stats:
-            bn.running_mean.uniform_(-1, 1)
-            bn.running_var.uniform_(0.5, 2)
-        if bn.affine:
-            bn.weight.uniform_(0.5, 2)
-            bn.bias.uniform_(-1, 1)
-    return bn
+    return with_statistics(nn.BatchNorm1d(features, **options))
 
 
 class LinearBn(nn.Module):
@@ -68,11 +69,6 @@ class Sequence3d(nn.Module):
         return self.bn(self.fc(x))
 
 
-def _batch_norms(graph_module):
-    counts = call_targets(graph_module)
-    return sum(counts[target] for target in BATCH_NORMS)
-
-
 @pytest.mark.parametrize("frontend", FRONTENDS)
 @pytest.mark.parametrize("model_class", [LinearBn, BnLinear])
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "affine-false"])
@@ -81,11 +77,11 @@ def test_fold_matches_eager(frontend, model_class, affine):
     torch.manual_seed(0)
     model = model_class(affine=affine).eval()
     graph_module = graph(frontend, model, torch.randn(*SHAPES[0]))
-    assert _batch_norms(graph_module) == 1
+    assert count_calls(graph_module, *BATCH_NORMS) == 1
 
     result = FuseBatchNorm1dInLinear().apply(graph_module)
 
-    assert result.changed == 1 and _batch_norms(graph_module) == 0, result.notes
+    assert result.changed == 1 and count_calls(graph_module, *BATCH_NORMS) == 0, result.notes
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=1e-5, rtol=1e-5)
 
 

@@ -9,14 +9,16 @@ from torch import nn
 from aot.passes import FuseBatchNorm2dInConv2d
 from tests.passes.helpers import (
     FRONTENDS,
+    ConvOutputUsedTwice,
     assert_matches_eager,
     assert_same_tensors,
-    call_targets,
+    count_calls,
     graph,
     hf_graph,
     randn_sets,
     snapshot,
     tiny_resnet,
+    with_statistics,
 )
 
 aten = torch.ops.aten
@@ -24,22 +26,11 @@ SHAPES = [(2, 3, 8, 8), (3, 3, 10, 12), (5, 3, 9, 7)]
 BATCH_NORMS = ("BatchNorm2d", aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default)
 
 
-def _with_statistics(bn: nn.BatchNorm2d) -> nn.BatchNorm2d:
-    with torch.no_grad():
-        if bn.track_running_stats:
-            bn.running_mean.uniform_(-1, 1)
-            bn.running_var.uniform_(0.5, 2)
-        if bn.affine:
-            bn.weight.uniform_(0.5, 2)
-            bn.bias.uniform_(-1, 1)
-    return bn
-
-
 class ConvBn(nn.Module):
     def __init__(self, conv_bias: bool = True, **bn_options):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3, bias=conv_bias)
-        self.bn = _with_statistics(nn.BatchNorm2d(4, **bn_options))
+        self.bn = with_statistics(nn.BatchNorm2d(4, **bn_options))
 
     def forward(self, x):
         return torch.relu(self.bn(self.conv(x)))
@@ -51,26 +42,10 @@ class ConvUsedTwice(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = _with_statistics(nn.BatchNorm2d(4))
+        self.bn = with_statistics(nn.BatchNorm2d(4))
 
     def forward(self, x):
         return self.bn(self.conv(x)) + self.conv(x * 2)
-
-
-class ConvOutputUsedTwice(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = _with_statistics(nn.BatchNorm2d(4))
-
-    def forward(self, x):
-        y = self.conv(x)
-        return self.bn(y) + y
-
-
-def _batch_norms(graph_module):
-    counts = call_targets(graph_module)
-    return sum(counts[target] for target in BATCH_NORMS)
 
 
 @pytest.mark.parametrize("frontend", FRONTENDS)
@@ -88,12 +63,12 @@ def test_fold_matches_eager(frontend, options):
     torch.manual_seed(0)
     model = ConvBn(**options).eval()
     graph_module = graph(frontend, model, torch.randn(*SHAPES[0]))
-    assert _batch_norms(graph_module) == 1
+    assert count_calls(graph_module, *BATCH_NORMS) == 1
 
     result = FuseBatchNorm2dInConv2d().apply(graph_module)
 
     assert result.modified and result.changed == 1
-    assert _batch_norms(graph_module) == 0
+    assert count_calls(graph_module, *BATCH_NORMS) == 0
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=1e-5, rtol=1e-5)
 
 
@@ -103,7 +78,7 @@ def test_batch_statistics_are_not_folded(frontend):
     torch.manual_seed(0)
     model = ConvBn(track_running_stats=False).eval()
     graph_module = graph(frontend, model, torch.randn(*SHAPES[0]))
-    assert _batch_norms(graph_module) + call_targets(graph_module)[aten._native_batch_norm_legit.no_stats] == 1
+    assert count_calls(graph_module, *BATCH_NORMS, aten._native_batch_norm_legit.no_stats) == 1
 
     result = FuseBatchNorm2dInConv2d().apply(graph_module)
 
@@ -117,7 +92,7 @@ def test_training_mode_is_not_folded():
     torch.manual_seed(0)
     model = ConvBn().train()
     graph_module = graph("fx", model, torch.randn(*SHAPES[0]))
-    assert _batch_norms(graph_module) == 1
+    assert count_calls(graph_module, *BATCH_NORMS) == 1
 
     result = FuseBatchNorm2dInConv2d().apply(graph_module)
 
@@ -132,7 +107,7 @@ def test_a_conv_used_elsewhere_keeps_computing_the_same(frontend):
 
     result = FuseBatchNorm2dInConv2d().apply(graph_module)
 
-    assert result.changed == 1 and _batch_norms(graph_module) == 0
+    assert result.changed == 1 and count_calls(graph_module, *BATCH_NORMS) == 0
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=1e-5, rtol=1e-5)
 
 
@@ -169,12 +144,12 @@ def test_resnet_all_batch_norms_fused(frontend):
     model = tiny_resnet()
     saved = snapshot(model)
     graph_module = hf_graph(frontend, model, {"pixel_values": torch.randn(2, 3, 32, 32)})
-    count = _batch_norms(graph_module)
+    count = count_calls(graph_module, *BATCH_NORMS)
     assert count >= 5
 
     result = FuseBatchNorm2dInConv2d().apply(graph_module)
 
-    assert result.changed == count and _batch_norms(graph_module) == 0, result.notes
+    assert result.changed == count and count_calls(graph_module, *BATCH_NORMS) == 0, result.notes
     inputs = [{"pixel_values": x} for (x,) in randn_sets((2, 3, 32, 32), (3, 3, 32, 32), (4, 3, 32, 32))]
     assert_matches_eager(model, graph_module, inputs, atol=1e-4, rtol=1e-4)
     assert_same_tensors(model, saved)

@@ -13,7 +13,7 @@ from tests.passes.helpers import (
     assert_matches_eager,
     assert_same_tensors,
     bert_inputs,
-    call_targets,
+    count_calls,
     graph,
     hf_graph,
     randn_sets,
@@ -46,22 +46,17 @@ class CalledTwice(nn.Module):
         return self.fc(torch.tanh(self.fc(x)))
 
 
-def _pads(graph_module):
-    counts = call_targets(graph_module)
-    return sum(counts[pad] for pad in PADS)
-
-
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_biases_are_folded_and_outputs_match(frontend):
     torch.manual_seed(0)
     model = Mlp().eval()
     graph_module = graph(frontend, model, torch.randn(2, 3, 6))
-    assert _pads(graph_module) == 0
+    assert count_calls(graph_module, *PADS) == 0
 
     result = FuseBiasInLinear().apply(graph_module)
 
     assert result.modified and result.changed == 2  # the bias-free layer is left alone
-    assert _pads(graph_module) == 2
+    assert count_calls(graph_module, *PADS) == 2
     assert all(
         getattr(module, "bias", None) is None for name, module in graph_module.named_modules() if isinstance(module, nn.Linear)
     )
@@ -80,7 +75,7 @@ def test_reverse_restores_parameters_and_outputs(frontend, out_features):
     FuseBiasInLinear()(graph_module)
     FuseBiasInLinear()(graph_module, reverse=True)
 
-    assert _pads(graph_module) == 0
+    assert count_calls(graph_module, *PADS) == 0
     assert_same_tensors(graph_module, state)  # shapes included: the bias of 'down' is (out_features,)
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=0, rtol=0)
 
@@ -112,7 +107,7 @@ def test_a_layer_called_twice_is_fused_once(frontend):
 
     result = FuseBiasInLinear().apply(graph_module)
 
-    assert result.changed == 2 and _pads(graph_module) == 2
+    assert result.changed == 2 and count_calls(graph_module, *PADS) == 2
     weights = {p.shape for n, p in graph_module.named_parameters() if "fc" in n}
     assert weights == {torch.Size([6, 7])}
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES))

@@ -17,6 +17,7 @@ from tests.passes.helpers import (
     assert_same_tensors,
     bert_inputs,
     call_targets,
+    count_calls,
     graph,
     hf_graph,
     randn_sets,
@@ -26,6 +27,7 @@ from tests.passes.helpers import (
 
 aten = torch.ops.aten
 SHAPES = [(2, 2, 8), (3, 5, 8), (5, 7, 8)]
+LINEARS = ("Linear", aten.linear.default)
 
 
 class Attention(nn.Module):
@@ -100,22 +102,17 @@ class KeywordCalls(nn.Module):
         return self.a(input=x) - self.b(input=x)
 
 
-def _linear_nodes(graph_module):
-    counts = call_targets(graph_module)
-    return counts["Linear"] + counts[aten.linear.default]
-
-
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_merges_three_projections_and_matches_eager(frontend):
     torch.manual_seed(0)
     model = Attention().eval()
     graph_module = graph(frontend, model, torch.randn(2, 3, 8))
-    assert _linear_nodes(graph_module) == 3
+    assert count_calls(graph_module, *LINEARS) == 3
 
     result = MergeLinears().apply(graph_module)
 
     assert result.modified and result.matched == 1 and result.changed == 1
-    assert _linear_nodes(graph_module) == 1
+    assert count_calls(graph_module, *LINEARS) == 1
     slices = call_targets(graph_module)[operator.getitem] + call_targets(graph_module)[aten.slice.Tensor]
     assert slices == 3
     assert assert_matches_eager(model, graph_module, randn_sets(*SHAPES)) == 3
@@ -160,12 +157,12 @@ def test_optimum_crash_cases_merge_and_match(frontend, model_class):
     torch.manual_seed(0)
     model = model_class().eval()
     graph_module = graph(frontend, model, torch.randn(2, 3, 8))
-    assert _linear_nodes(graph_module) >= 2
+    assert count_calls(graph_module, *LINEARS) >= 2
 
     result = MergeLinears().apply(graph_module)
 
     assert result.changed == 1
-    assert _linear_nodes(graph_module) == 1
+    assert count_calls(graph_module, *LINEARS) == 1
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES))
     MergeLinears()(graph_module, reverse=True)
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES))
@@ -179,7 +176,7 @@ def test_layer_also_used_on_another_input_is_kept(frontend):
 
     MergeLinears()(graph_module)
 
-    assert _linear_nodes(graph_module) == 2  # the merged one, and 'a' on y
+    assert count_calls(graph_module, *LINEARS) == 2  # the merged one, and 'a' on y
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES))
     MergeLinears()(graph_module, reverse=True)
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES))
@@ -190,7 +187,7 @@ def test_layers_of_different_scopes_are_not_merged_unless_asked(frontend):
     torch.manual_seed(0)
     model = TwoScopes().eval()
     graph_module = graph(frontend, model, torch.randn(2, 3, 8))
-    assert _linear_nodes(graph_module) == 2
+    assert count_calls(graph_module, *LINEARS) == 2
 
     result = MergeLinears().apply(graph_module)
 
@@ -283,16 +280,16 @@ def test_min_group_size_option_and_notes():
 def test_bert_merges_query_key_value(frontend, attn_implementation):
     model = tiny_bert(attn_implementation)
     graph_module = hf_graph(frontend, model, bert_inputs(2, 7))
-    linears_before = _linear_nodes(graph_module)
+    linears_before = count_calls(graph_module, *LINEARS)
     state_before = snapshot(graph_module)
 
     result = MergeLinears().apply(graph_module)
 
     assert result.changed == 2, result.notes  # one q/k/v group per layer
-    assert _linear_nodes(graph_module) == linears_before - 4
+    assert count_calls(graph_module, *LINEARS) == linears_before - 4
     inputs = [bert_inputs(b, s, seed=i) for i, (b, s) in enumerate(BERT_SHAPES)]
     assert_matches_eager(model, graph_module, inputs, atol=1e-5, rtol=1e-4)
     MergeLinears()(graph_module, reverse=True)
-    assert _linear_nodes(graph_module) == linears_before
+    assert count_calls(graph_module, *LINEARS) == linears_before
     assert_same_tensors(graph_module, state_before)
     assert_matches_eager(model, graph_module, inputs, atol=1e-5, rtol=1e-4)

@@ -16,6 +16,7 @@ from tests.passes.helpers import (
     assert_same_tensors,
     bert_inputs,
     call_targets,
+    count_calls,
     fx_graph,
     randn_sets,
     snapshot,
@@ -24,6 +25,7 @@ from tests.passes.helpers import (
 
 F = nn.functional
 SHAPES = [(2, 8), (3, 5, 8), (1, 7, 8)]
+ACTIVATIONS = ("GELU", F.gelu, torch.relu, F.relu)
 
 
 class Activations(nn.Module):
@@ -47,11 +49,6 @@ class Activations(nn.Module):
         return F.gelu(self.twice(e)) + self.twice(c)
 
 
-def _activations(graph_module):
-    counts = call_targets(graph_module)
-    return counts["GELU"] + counts[F.gelu] + counts[torch.relu] + counts[F.relu]
-
-
 def _packed(graph_module):
     return {name: module.activation for name, module in graph_module.named_modules() if isinstance(module, OneDNNLinear)}
 
@@ -60,7 +57,7 @@ def test_linears_become_onednn_linears_with_their_activation_fused():
     torch.manual_seed(0)
     model = Activations().eval()
     graph_module = fx_graph(model, torch.randn(*SHAPES[0]))
-    assert call_targets(graph_module)["Linear"] == 6 and _activations(graph_module) == 5
+    assert call_targets(graph_module)["Linear"] == 6 and count_calls(graph_module, *ACTIVATIONS) == 5
 
     result = PrepackLinearWeights().apply(graph_module)
 
@@ -69,7 +66,7 @@ def test_linears_become_onednn_linears_with_their_activation_fused():
     assert _packed(graph_module) == {
         "gelu_module": "gelu", "gelu_tanh": "gelu_tanh", "relu_function": "relu", "two_users": "none", "twice": "none",
     }
-    assert _activations(graph_module) == 2, "the GELU after two_users and after twice stay"
+    assert count_calls(graph_module, *ACTIVATIONS) == 2, "the GELU after two_users and after twice stay"
     assert "gelu" not in dict(graph_module.named_modules()), "the fused nn.GELU is gone"
     assert any("called at 2 sites" in note for note in result.notes)
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=1e-5, rtol=1e-5)
@@ -83,7 +80,7 @@ def test_without_fuse_activation_every_activation_stays():
 
     PrepackLinearWeights(fuse_activation=False)(graph_module)
 
-    assert set(_packed(graph_module).values()) == {"none"} and _activations(graph_module) == 5
+    assert set(_packed(graph_module).values()) == {"none"} and count_calls(graph_module, *ACTIVATIONS) == 5
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=1e-5, rtol=1e-5)
 
 
@@ -122,7 +119,7 @@ def test_reverse_restores_linear_layers_and_functional_activations():
     assert result.modified and not _packed(graph_module)
     assert call_targets(graph_module)["Linear"] == 6
     assert graph_module.gelu_module.weight is model.gelu_module.weight, "the same Parameters, nothing copied"
-    assert _activations(graph_module) == 5
+    assert count_calls(graph_module, *ACTIVATIONS) == 5
     assert not transformation.get_transformed_nodes(graph_module)
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=1e-5, rtol=1e-5)
 

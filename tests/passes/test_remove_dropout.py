@@ -12,7 +12,7 @@ from tests.passes.helpers import (
     FRONTENDS,
     assert_matches_eager,
     bert_inputs,
-    call_targets,
+    count_calls,
     graph,
     hf_graph,
     randn_sets,
@@ -21,6 +21,7 @@ from tests.passes.helpers import (
 
 aten = torch.ops.aten
 SHAPES = [(2, 4), (3, 4), (5, 4)]
+DROPOUTS = ("Dropout", nn.functional.dropout, aten.dropout.default)
 
 
 class Dropouts(nn.Module):
@@ -35,23 +36,18 @@ class Dropouts(nn.Module):
         return nn.functional.dropout(x, p=0.0) + 1
 
 
-def _dropouts(graph_module):
-    counts = call_targets(graph_module)
-    return counts["Dropout"] + counts[nn.functional.dropout] + counts[aten.dropout.default]
-
-
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_eval_mode_dropout_is_removed(frontend):
     torch.manual_seed(0)
     model = Dropouts().eval()
     graph_module = graph(frontend, model, torch.randn(*SHAPES[0]))
-    before = _dropouts(graph_module)
+    before = count_calls(graph_module, *DROPOUTS)
     assert before >= 2
 
     result = RemoveDropout().apply(graph_module)
 
     assert result.modified and result.changed == before
-    assert _dropouts(graph_module) == 0
+    assert count_calls(graph_module, *DROPOUTS) == 0
     assert "drop" not in dict(graph_module.named_modules())
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=0, rtol=0)
 
@@ -63,7 +59,7 @@ def test_training_mode_dropout_stays():
     result = RemoveDropout().apply(graph_module)
 
     assert result.changed == 1  # only the p = 0 one
-    assert _dropouts(graph_module) == 2 and all("training mode" in note for note in result.notes)
+    assert count_calls(graph_module, *DROPOUTS) == 2 and all("training mode" in note for note in result.notes)
 
 
 @pytest.mark.slow
@@ -71,10 +67,10 @@ def test_training_mode_dropout_stays():
 def test_bert(frontend):
     model = tiny_bert("eager")
     graph_module = hf_graph(frontend, model, bert_inputs(2, 7))
-    assert _dropouts(graph_module) + call_targets(graph_module)["Dropout"] > 0
+    assert count_calls(graph_module, *DROPOUTS) > 0
 
     result = RemoveDropout().apply(graph_module)
 
-    assert result.changed == 7 and _dropouts(graph_module) == 0
+    assert result.changed == 7 and count_calls(graph_module, *DROPOUTS) == 0
     inputs = [bert_inputs(b, s, seed=i) for i, (b, s) in enumerate(BERT_SHAPES)]
     assert_matches_eager(model, graph_module, inputs, atol=1e-5, rtol=1e-4)
