@@ -69,5 +69,6 @@ EXIT_CODES = {
     ValidationError.exit_code: "validation failure",
     ExportError.exit_code: "export failure",
     IntegrityError.exit_code: "artifact integrity failure (hash mismatch or missing file)",
-    130: "interrupted",
+    130: "interrupted (SIGINT, Ctrl-C)",
+    143: "terminated (SIGTERM)",
 }

@@ -3,7 +3,7 @@
 A *shape case* binds each named dim of the recipe (batch, sequence, ...) to a
 size. The first case is the trace-time one; the others come from
 ``validate.shapes`` or, when the recipe gives none, from the dynamic dims
-(half and double their trace size, within their bounds). Values are seeded
+(each at size // 2 and 2 * size - 1, within their bounds). Values are seeded
 per case, so two builds see the same tensors.
 """
 

@@ -2,8 +2,8 @@
 
 ``ru_maxrss`` sees one process. A build that forks a child for the ONNX export
 uses the parent's pages (shared copy-on-write, counted once, in the parent) plus
-the child's private pages, so :class:`MemoryWatch` samples both every few
-milliseconds and keeps the largest sum. A sampled peak can miss a spike shorter
+the child's private pages, so :class:`MemoryWatch` samples the parent every 20 ms
+and its children every 250 ms, and keeps the largest sum. A sampled peak can miss a spike shorter
 than the interval; the parent's own ``ru_maxrss`` is a floor under it.
 """
 

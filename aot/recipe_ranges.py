@@ -57,7 +57,7 @@ def shape_case_dims(loaded: LoadedRecipe) -> list[dict[str, int]]:
 
 
 def default_extra_shapes(loaded: LoadedRecipe) -> list[dict[str, int]]:
-    """Without ``validate.shapes``: every dynamic dim at about half and double its size, within its range."""
+    """Without ``validate.shapes``: every dynamic dim at ``size // 2`` and ``2 * size - 1`` (3 for a size of 1), within its range."""
     dynamic = {name: dim for name, dim in loaded.recipe.inputs.dims.items() if dim.dynamic}
     if not dynamic:
         return []
