@@ -22,7 +22,7 @@ from aot.eager_guard import check_after_each_pass
 from aot.errors import ExportError
 from aot.inputs import check_input_names, dim_ranges, dynamic_axes, shape_cases
 from aot.manifest import MANIFEST_VERSION, describe_files, hash_files, tool_versions, write_manifest
-from aot.memory import MemoryWatch, resident_mib
+from aot.memory import MemoryWatch, release_freed_memory, resident_mib
 from aot.onnx_stage import OnnxStage
 from aot.models import load_model
 from aot.outdir import check_replaceable, staged_directory
@@ -33,7 +33,6 @@ from aot.validate import (
     Comparison,
     eager_outputs,
     raise_on_failure,
-    release_freed_memory,
     validate_artifacts,
     validate_graph,
 )

@@ -9,6 +9,9 @@ than the interval; the parent's own ``ru_maxrss`` is a floor under it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import resource
 import sys
 import threading
@@ -132,3 +135,12 @@ class MemoryWatch:
                 if read_children:
                     self._children_samples_finished = number
                 self._sample_progress.notify_all()
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+    gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    malloc_trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None) if libc_name else None
+    if malloc_trim is not None:
+        malloc_trim(0)

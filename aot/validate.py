@@ -18,9 +18,6 @@ tensor drifted and by how much.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -34,6 +31,7 @@ from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
 from aot.inputs import ShapeCase, shape_cases
 from aot.integrity import verify_directory
 from aot.manifest import MANIFEST_NAME
+from aot.memory import release_freed_memory
 from aot.models import forward_parameters, load_model
 from aot.outputs import flatten_outputs
 from aot.recipe import LoadedRecipe, load_recipe
@@ -241,15 +239,6 @@ def validate_artifacts(
             results += check_artifact("graph_module", run, cases, expected, loaded.recipe.validate_, source=f"{module_file} load()")
             del saved, run
     return results
-
-
-def release_freed_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
-    gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    malloc_trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None) if libc_name else None
-    if malloc_trim is not None:
-        malloc_trim(0)
 
 
 @dataclass
