@@ -1,7 +1,8 @@
 """Deployable artifacts: a GraphModule saved as torch-only code + safetensors, and ONNX.
 
 - :func:`save_graph_module` / :func:`load`: the GraphModule artifact and its aot-side loader;
-- :func:`write_onnx` (:func:`export_onnx`) / :func:`run_onnx`: the ONNX artifact, fused for ONNX Runtime, and inference.
+- :func:`write_onnx` / :func:`optimize_onnx` / :func:`run_onnx`: the ONNX artifact, fused for ONNX Runtime
+  (onnxscript's fusions and aot's own rules, :mod:`aot.export.onnx_rules`), and inference.
 
 Every writer here gives byte-identical files for the same graph in any process.
 """

@@ -7,11 +7,10 @@
 - Output names are :func:`aot.outputs.flatten_outputs` names of the graph's output.
 - Weights go to one external data file ``<name>.data`` beside the model when
   the model would pass protobuf's 2 GiB limit.
-- ``onnx.checker.check_model(full_check=True)`` runs on the written file.
 - Reproducible: node stack traces (file paths, line numbers) are dropped; nothing
   else the exporter writes varies between two exports of the same graph.
-- All or nothing: files are written in a temporary directory beside ``path``
-  and moved into place only once checked, so a rejection leaves no partial file.
+- Written all or nothing and checked (``onnx.checker``, full check) by
+  :func:`aot.export.onnx_files.write_checked`, the file-level optimiser's write path too.
 """
 
 from __future__ import annotations
@@ -19,16 +18,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 import torch
 import torch.fx
@@ -38,6 +32,7 @@ from aot.outputs import flatten_outputs
 from aot.quiet import quiet_torch
 from aot.tracing.source_location import raised_at
 
+from .onnx_files import first_line, step_errors, write_checked
 from .onnx_float16 import convert_to_float16
 from .ort_fusions import Target, fuse_for_ort
 
@@ -45,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2  # bytes of weights; protobuf refuses files over 2 GiB
 _DROPPED_NODE_METADATA = ("pkg.torch.onnx.stack_trace",)
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -55,7 +49,7 @@ class OnnxArtifact:
 
 
 def export_onnx(gm: torch.fx.GraphModule, path: Path, *args: Any, **kwargs: Any) -> list[Path]:
-    """:func:`write_onnx`, returning only the written paths."""
+    """:func:`write_onnx`, returning only the written paths (the build calls write_onnx; tests/export/test_reproducibility.py calls this)."""
     return write_onnx(gm, path, *args, **kwargs).paths
 
 
@@ -119,37 +113,18 @@ def write_onnx(
     _drop_unreproducible_metadata(program.model)
     fusions = {}
     if ort_fusions is not None:
-        try:
+        with step_errors(path, "ONNX Runtime fusions fail"):
             fusions = fuse_for_ort(program.model, ort_fusions)
-        except Exception as error:
-            raise ExportError(f"{path.name}: ONNX Runtime fusions fail: {type(error).__name__}: {_first_line(error)}") from None
     if float16:
-        try:
+        with step_errors(path, "float16 conversion fails"):
             program.model = convert_to_float16(program.model)
-        except Exception as error:
-            raise ExportError(f"{path.name}: float16 conversion fails: {type(error).__name__}: {_first_line(error)}") from None
     external = _weight_bytes(program.model) > EXTERNAL_DATA_THRESHOLD if external_data is not True else True
     if external and external_data is False:
         raise ExportError(f"{path.name}: the weights pass protobuf's 2 GiB limit, so they must go to external data")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        staged = staging / path.name
-        _contiguous_on_write(program.model)
-        program.save(str(staged), external_data=external)
-        try:
-            onnx.checker.check_model(str(staged), full_check=True)
-        except Exception as error:
-            raise ExportError(f"{path.name}: onnx.checker rejects the exported model: {_first_line(error)}") from None
-        written = []
-        for produced in sorted(staging.iterdir()):
-            final = path.parent / produced.name
-            os.replace(produced, final)
-            written.append(final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _contiguous_on_write(program.model)
+    written = write_checked(path, lambda staged: program.save(str(staged), external_data=external))
     logger.info("exported %s (opset %d, external data: %s)", path, opset, external)
-    return OnnxArtifact([path] + [item for item in written if item != path], fusions)
+    return OnnxArtifact(written, fusions)
 
 
 def _ordered_inputs(gm: torch.fx.GraphModule, example_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -173,7 +148,7 @@ def _output_names(gm: torch.fx.GraphModule, inputs: dict[str, torch.Tensor]) -> 
         with torch.no_grad():
             return list(flatten_outputs(gm(**inputs)))
     except Exception as error:
-        raise ExportError(f"the graph does not run on the example inputs: {type(error).__name__}: {_first_line(error)}")
+        raise ExportError(f"the graph does not run on the example inputs: {type(error).__name__}: {first_line(error)}")
 
 
 def _dynamic_shapes(
@@ -256,12 +231,7 @@ def _exporter_reason(error: BaseException) -> str:
     innermost = chain[-1]
     location = raised_at(innermost)
     where = f" at {location}" if location is not None else ""
-    return f"{type(innermost).__name__}{where}: {_first_line(innermost)}"
-
-
-def _first_line(error: BaseException) -> str:
-    text = _ANSI_ESCAPE.sub("", str(error)).strip()
-    return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return f"{type(innermost).__name__}{where}: {first_line(innermost)}"
 
 
 def _check_dynamic_axes(model, dynamic_dims: dict[str, dict[int, str]], path: Path) -> None:
@@ -279,21 +249,11 @@ def _check_dynamic_axes(model, dynamic_dims: dict[str, dict[int, str]], path: Pa
                 )
 
 
-def _drop_unreproducible_metadata(model) -> None:
-    graphs = [model.graph] + [function for function in model.functions.values()]
-    for node in (node for graph in graphs for node in _all_nodes(graph)):
-        for key in _DROPPED_NODE_METADATA:
-            node.metadata_props.pop(key, None)
-
-
-def _all_nodes(graph):
-    for node in graph:
-        yield node
-        for attribute in node.attributes.values():
-            subgraphs = attribute.value if isinstance(attribute.value, (list, tuple)) else [attribute.value]
-            for subgraph in subgraphs:
-                if hasattr(subgraph, "inputs") and hasattr(subgraph, "__iter__") and hasattr(subgraph, "initializers"):
-                    yield from _all_nodes(subgraph)
+def _drop_unreproducible_metadata(model: ir.Model) -> None:
+    for graph in (model.graph, *model.functions.values()):
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            for key in _DROPPED_NODE_METADATA:
+                node.metadata_props.pop(key, None)
 
 
 def _contiguous_on_write(model) -> None:

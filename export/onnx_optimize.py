@@ -1,18 +1,17 @@
-"""ONNX-level optimisation of a written ONNX file, in place and atomically.
+"""The recipe's ``optimize: transformer`` stage: ONNX Runtime's transformer optimizer on the written file.
 
-``level="ort_fusions"``: :func:`aot.export.ort_fusions.fuse_for_ort`, the fusions
-into ONNX Runtime's contrib ops (MultiHeadAttention, BiasGelu; on CPU the feed-forward
-blocks split in two and the norms fed from a Sum, on CUDA SkipLayerNormalization). The
-build runs the same fusions in memory before its one write (``write_onnx(...,
-ort_fusions=target)``); this entry point is for files. ``float16=True`` converts the
-model after the fusions, at any level (:mod:`aot.export.onnx_float16`).
+``onnxruntime.transformers.optimizer.optimize_model`` runs with ``opt_level=0``
+(its Python fusions only: attention, skip-layernorm, bias-gelu...; no ORT graph
+optimisation, whose output depends on the machine); ``float16=True`` converts the
+model after those fusions, which match float32 patterns. The model's files are
+then replaced through the exporter's write path
+(:func:`aot.export.onnx_files.write_checked`): checked, all or nothing. The head
+count and hidden size come from the recipe's model config when it has them, else
+the optimizer detects them from the graph.
 
-``level="transformer"`` runs ``onnxruntime.transformers.optimizer.optimize_model``
-with ``opt_level=0`` (its Python fusions only: attention, skip-layernorm,
-bias-gelu...; no ORT graph optimisation, whose output depends on the machine),
-then rewrites the model file in place, atomically. The head count and hidden
-size come from the recipe's model config when it has them, else the optimizer
-detects them from the graph. ``level="none"`` does nothing.
+This stage works on files because the optimizer does: it loads the weights whole.
+``optimize: ort_fusions`` has no file-level stage: :func:`aot.export.write_onnx`
+fuses in memory, before its one write.
 """
 
 from __future__ import annotations
@@ -20,11 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import onnx
@@ -32,8 +27,8 @@ import onnx
 from aot.errors import ExportError
 
 from .onnx_export import EXTERNAL_DATA_THRESHOLD
-from .onnx_float16 import convert_to_float16
-from .ort_fusions import Target, fuse_for_ort
+from .onnx_files import step_errors, write_checked
+from .ort_fusions import Target
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +39,16 @@ _MODEL_TYPES = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", "t5": "t5", "bart": "bar
 def optimize_onnx(
     path: Path, level: str, model_spec: Any = None, target: Target = "cpu", float16: bool = False
 ) -> list[Path]:
-    """Rewrite the model at ``path`` in place; ``float16`` converts it after the fusions."""
+    """Rewrite the model at ``path`` in place with the recipe's file-level ``optimize`` stage; return its files.
+
+    ``level`` and ``target`` are the recipe's ``optimize`` and ``target``: ``transformer`` is the one
+    level that works on files, and its fusions are the same for every target.
+    """
     path = Path(path)
-    if level == "none" and not float16:
-        return [path]
-    if level in ("none", "ort_fusions"):
-        return _ort_fusions(path, target if level == "ort_fusions" else None, float16)
     if level != "transformer":
-        raise ExportError(f"ONNX optimisation level {level!r} is not one of: none, ort_fusions, transformer")
+        raise ExportError(
+            f"{path.name}: optimize: {level} has no file-level stage (ort_fusions runs in write_onnx, before the write)"
+        )
     from onnxruntime.transformers import optimizer
 
     config = dict(getattr(model_spec, "config", None) or {})
@@ -59,58 +56,30 @@ def optimize_onnx(
     heads = int(config.get("num_attention_heads", config.get("n_head", 0)) or 0)
     hidden = int(config.get("hidden_size", config.get("n_embd", 0)) or 0)
     captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured):
-            optimized = optimizer.optimize_model(
-                str(path), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0
-            )
-            if float16:
-                optimized.convert_float_to_float16(keep_io_types=True)
-    except Exception as error:
-        raise ExportError(f"{path.name}: ONNX Runtime's transformer optimizer fails: {type(error).__name__}: {error}") from None
+    with step_errors(path, "ONNX Runtime's transformer optimizer fails"), contextlib.redirect_stdout(captured):
+        optimized = optimizer.optimize_model(str(path), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0)
+        if float16:
+            optimized.convert_float_to_float16(keep_io_types=True)
     logger.info("%s: transformer fusions %s", path.name, optimized.get_fused_operator_statistics())
+    _drop_initializer_value_info(optimized.model)
     external = optimized.model.ByteSize() > EXTERNAL_DATA_THRESHOLD if _fits_protobuf(optimized.model) else True
-    return _replace_checked(
+    return write_checked(
         path, lambda staged: optimized.save_model_to_file(str(staged), use_external_data_format=external, all_tensors_to_one_file=True)
     )
 
 
-def _ort_fusions(path: Path, target: Target | None, float16: bool) -> list[Path]:
-    import onnx_ir as ir
+def _drop_initializer_value_info(model: onnx.ModelProto) -> None:
+    """Leave an initializer's type and shape to its tensor alone.
 
-    data_file = path.parent / f"{path.name}.data"
-    external = data_file.is_file()
-    try:
-        model = ir.load(str(path))
-        if target is not None:
-            fuse_for_ort(model, target)
-    except Exception as error:
-        raise ExportError(f"{path.name}: ONNX Runtime fusions fail: {type(error).__name__}: {error}") from None
-    if float16:
-        try:
-            model = convert_to_float16(ir.external_data.load_to_model(model))
-        except Exception as error:
-            raise ExportError(f"{path.name}: float16 conversion fails: {type(error).__name__}: {error}") from None
-    return _replace_checked(path, lambda staged: ir.save(model, str(staged), external_data=data_file.name if external else None))
-
-
-def _replace_checked(path: Path, write: Callable[[Path], None]) -> list[Path]:
-    """``write`` the new model into a staging directory, check it, then move its files over ``path``'s."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        staged = staging / path.name
-        write(staged)
-        try:
-            onnx.checker.check_model(str(staged), full_check=True)
-        except Exception as error:
-            raise ExportError(f"{path.name}: onnx.checker rejects the optimised model: {str(error).splitlines()[0]}") from None
-        written = []
-        for produced in sorted(staging.iterdir()):
-            os.replace(produced, path.parent / produced.name)
-            written.append(path.parent / produced.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return [path] + [item for item in written if item != path]
+    The exporter (without its own optimiser) lists the initializers in ``value_info`` too. The
+    optimizer transposes weights in place where it folds the exporter's Transpose nodes, and
+    leaves those entries as they were: onnx.checker then rejects the model, whose MatMul weight
+    is [32, 37] with a value_info that says [37, 32].
+    """
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    kept = [info for info in model.graph.value_info if info.name not in initializers]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
 
 
 def _fits_protobuf(model: onnx.ModelProto) -> bool:

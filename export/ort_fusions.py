@@ -14,9 +14,10 @@ same fused ops::
     MHA           Reshape/Transpose around SDPA on [B, S, H*D]      -> MultiHeadAttention
     bias-GELU     Gelu(x + b)                                       -> BiasGelu
     skip-LayerNorm LayerNorm(x + residual (+ b))  (CUDA only)       -> SkipLayerNormalization
-    feed-forward  MatMul -> BiasGelu -> MatMul  (CPU only)          -> two half-width blocks, added
+    then aot's own rules for the target (:mod:`aot.export.onnx_rules`), on CPU:
+    feed-forward  MatMul -> BiasGelu -> MatMul                      -> two half-width blocks, added
                   (:mod:`aot.export.split_feed_forward`: ONNX Runtime's CPU GEMMs are faster on the halves)
-    norm inputs   Add -> LayerNormalization  (CPU only)             -> Sum -> LayerNormalization
+    norm inputs   Add -> LayerNormalization                         -> Sum -> LayerNormalization
                   (:mod:`aot.export.sum_into_layer_norm`: keeps ONNX Runtime from fusing them at load)
 
 Why no skip-LayerNorm fusion on CPU: profiled in ONNX Runtime 1.31 on BERT-base
@@ -37,8 +38,7 @@ from typing import Literal
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from .split_feed_forward import split_feed_forward
-from .sum_into_layer_norm import sum_into_layer_norm
+from .onnx_rules import apply_onnx_rules
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +69,7 @@ def fuse_for_ort(model: ir.Model, target: Target = "cpu") -> dict[str, int]:
     counts["sdpa"] = fuse_sdpa(model, apply_shape_inference=True)
     counts["multi_head_attention"] = fuse_mha1(model) + fuse_mha2(model)
     counts["bias_gelu"] = fuse_bias_gelu(model)
-    if target == "cpu":
-        counts["split_feed_forward"] = split_feed_forward(model)
-        counts["sum_into_layer_norm"] = sum_into_layer_norm(model)
+    counts.update(apply_onnx_rules(model, target))
     # The SDPA fusion leaves an onnxscript function behind where no MHA pattern consumed it.
     common_passes.InlinePass()(model)
     common_passes.RemoveUnusedNodesPass()(model)

@@ -1,12 +1,12 @@
 """Split each transformer feed-forward block into two halves of its hidden width, for ONNX Runtime on CPU.
 
-Before (one block; ``x``: [.., H], ``W1``: [H, F], ``W2``: [F, H])::
+Matches (one block; ``x``: [.., H], ``W1``: [H, F], ``W2``: [F, H])::
 
     h = MatMul(x, W1)
     g = BiasGelu(h, b1)
     y = MatMul(g, W2)
 
-After (``A`` = the first F/2 hidden channels, ``B`` = the rest)::
+Rewrite to (``A`` = the first F/2 hidden channels, ``B`` = the rest)::
 
     hA = MatMul(x, W1[:, A])     hB = MatMul(x, W1[:, B])
     gA = BiasGelu(hA, b1[A])     gB = BiasGelu(hB, b1[B])
@@ -27,80 +27,88 @@ than none. The FLOPs are unchanged.
 
 The halves of ``W2`` are row slices and share the original's memory; the halves of
 ``W1`` are column slices, views too until the model is written.
+
+Naming: block ``i`` (in graph order) gives nodes ``feed_forward_<i>_part_<p>_{up,gelu,down}``
+and ``feed_forward_<i>_sum``, initializers ``feed_forward_<i>_part_<p>.{up.weight,up.bias,down.weight}``;
+their output values are named by the graph, as any new value is.
 """
 
 from __future__ import annotations
 
-import logging
-
 import onnx_ir as ir
-
-logger = logging.getLogger(__name__)
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 _MICROSOFT = "com.microsoft"
 
 
-def split_feed_forward(model: ir.Model) -> int:
-    """Split every MatMul -> BiasGelu -> MatMul block with constant, even-width weights; return how many."""
-    graph = model.graph
-    blocks = [block for block in (_match(node) for node in list(graph)) if block is not None]
-    for index, (up, gelu, down) in enumerate(blocks):
-        _split(graph, up, gelu, down, index)
-    if blocks:
-        logger.info("split %d feed-forward blocks in two", len(blocks))
-    return len(blocks)
+class SplitFeedForward(RewriteRuleClassBase):
+    """One instance per model: it numbers the blocks it splits, and never splits its own halves.
 
+    ``rewrite`` unnames the output it replaces (see there), so the rule runs through the
+    rewriter's ``apply_to_model``, never its tracing mode, which calls ``rewrite`` without
+    replacing anything: :func:`aot.export.onnx_rules.miss_reasons` only matches.
+    """
 
-def _match(gelu: ir.Node) -> tuple[ir.Node, ir.Node, ir.Node] | None:
-    if gelu.op_type != "BiasGelu" or gelu.domain != _MICROSOFT:
-        return None
-    up = gelu.inputs[0].producer() if gelu.inputs[0] is not None else None
-    if up is None or up.op_type != "MatMul" or up.domain != "" or len(gelu.inputs[0].uses()) != 1:
-        return None
-    uses = list(gelu.outputs[0].uses())
-    if len(uses) != 1 or gelu.outputs[0].is_graph_output():
-        return None
-    down = uses[0].node
-    if down.op_type != "MatMul" or down.domain != "" or down.inputs[0] is not gelu.outputs[0]:
-        return None
-    w1, b1, w2 = up.inputs[1], gelu.inputs[1], down.inputs[1]
-    if any(value is None or value.const_value is None for value in (w1, b1, w2)):
-        return None
-    w1_shape, b1_shape, w2_shape = (tuple(value.const_value.shape) for value in (w1, b1, w2))
-    if len(b1_shape) != 1 or b1_shape[0] % 2 or len(w1_shape) != 2 or len(w2_shape) != 2:
-        return None
-    if w1_shape[1] != b1_shape[0] or w2_shape[0] != b1_shape[0] or down.outputs[0].is_graph_output():
-        return None
-    return up, gelu, down
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._blocks_split = 0
+        self._made: set[ir.Node] = set()
 
+    def pattern(self, op, x, up_weight, up_bias, down_weight):
+        hidden = op.MatMul(x, up_weight)
+        activated = op.BiasGelu(hidden, up_bias, _domain=_MICROSOFT)
+        return op.MatMul(activated, down_weight, _outputs=["block_output"])
 
-def _split(graph: ir.Graph, up: ir.Node, gelu: ir.Node, down: ir.Node, index: int) -> None:
-    x = up.inputs[0]
-    old_weights = [up.inputs[1], gelu.inputs[1], down.inputs[1]]
-    w1, b1, w2 = (value.const_value.numpy() for value in old_weights)
-    half = b1.shape[0] // 2
-    nodes, halves = [], []
-    for part, channels in enumerate((slice(0, half), slice(half, None))):
-        name = f"feed_forward_{index}_part_{part}"
-        weight_in = _initializer(graph, f"{name}.up.weight", w1[:, channels], old_weights[0])
-        bias = _initializer(graph, f"{name}.up.bias", b1[channels], old_weights[1])
-        weight_out = _initializer(graph, f"{name}.down.weight", w2[channels, :], old_weights[2])
-        product = ir.node("MatMul", [x, weight_in], name=f"{name}_up")
-        activated = ir.node("BiasGelu", [product.outputs[0], bias], domain=_MICROSOFT, name=f"{name}_gelu")
-        projected = ir.node("MatMul", [activated.outputs[0], weight_out], name=f"{name}_down")
-        nodes += [product, activated, projected]
-        halves.append(projected.outputs[0])
-    total = ir.node("Add", halves, name=f"feed_forward_{index}_sum")
-    total.outputs[0].shape, total.outputs[0].type = down.outputs[0].shape, down.outputs[0].type
-    graph.insert_before(down, [*nodes, total])
-    down.outputs[0].replace_all_uses_with(total.outputs[0])
-    graph.remove([down, gelu, up], safe=True)
-    for value in old_weights:
-        if not value.uses() and value.name in graph.initializers:
-            graph.initializers.pop(value.name)
+    def check(self, context, up_weight, up_bias, down_weight, block_output, **_) -> MatchResult:
+        result = MatchResult()
+        # The rewriter goes on to the nodes it has just inserted, and each half is such a block.
+        if context.root in self._made:
+            return result.fail("this block is a half of one this rule split")
+        if isinstance(context.graph_or_function, ir.Function):
+            return result.fail("the block is in a function, which cannot hold the halves' weights")
+        if block_output.is_graph_output():
+            return result.fail(f"the block's output {block_output.name} is a graph output")
+        weights = {"up-projection weight": up_weight, "bias": up_bias, "down-projection weight": down_weight}
+        for role, value in weights.items():
+            if value.const_value is None:
+                return result.fail(f"the {role} {value.name} is not a constant")
+        up_shape, bias_shape, down_shape = (tuple(value.const_value.shape) for value in weights.values())
+        if (len(up_shape), len(bias_shape), len(down_shape)) != (2, 1, 2):
+            return result.fail(f"weights of ranks {len(up_shape)}, {len(bias_shape)}, {len(down_shape)}, not 2, 1, 2")
+        width = bias_shape[0]
+        if up_shape[1] != width or down_shape[0] != width:
+            return result.fail(f"weights of shapes {up_shape}, {bias_shape}, {down_shape} disagree on the hidden width")
+        if width % 2:
+            return result.fail(f"the hidden width {width} is odd: there are no two equal halves")
+        return result
 
+    def rewrite(self, op, x, up_weight, up_bias, down_weight, block_output, **_):
+        block = f"feed_forward_{self._blocks_split}"
+        self._blocks_split += 1
+        w1, b1, w2 = (value.const_value.numpy() for value in (up_weight, up_bias, down_weight))
+        half = b1.shape[0] // 2
+        halves = []
+        for part, channels in enumerate((slice(0, half), slice(half, None))):
+            name = f"{block}_part_{part}"
+            weight_in = op.initializer(ir.Tensor(w1[:, channels], name=f"{name}.up.weight"))
+            bias = op.initializer(ir.Tensor(b1[channels], name=f"{name}.up.bias"))
+            weight_out = op.initializer(ir.Tensor(w2[channels, :], name=f"{name}.down.weight"))
+            product = op.MatMul(x, weight_in, _name=f"{name}_up")
+            activated = op.BiasGelu(product, bias, _domain=_MICROSOFT, _name=f"{name}_gelu")
+            projected = op.MatMul(activated, weight_out, _name=f"{name}_down")
+            self._made.update(value.producer() for value in (product, activated, projected))
+            halves.append(projected)
+        total = op.Add(*halves, _name=f"{block}_sum")
+        self._made.add(total.producer())
+        # The rewriter would give the sum the replaced MatMul's output name. The sum is a new value,
+        # named by the graph as it is inserted, like the halves' values (and as in the files aot has
+        # always written); the replaced value leaves the graph with its MatMul.
+        block_output.name = None
+        return total
 
-def _initializer(graph: ir.Graph, name: str, array, like: ir.Value) -> ir.Value:
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=like.type, const_value=ir.Tensor(array, name=name))
-    graph.register_initializer(value)
-    return value
+    def cleanup(self) -> None:
+        # The rewriter stamps its rule name on the nodes a rule makes and copies the replaced nodes'
+        # torch metadata onto them. The halves are new arithmetic, no one fx node's: they carry no
+        # metadata, as in the files aot has always written.
+        for node in self._made:
+            node.metadata_props.clear()

@@ -9,10 +9,11 @@ import onnx
 import torch
 
 from aot.build import build
-from aot.export import run_onnx, write_onnx
+from aot.export import run_onnx
 from aot.outputs import flatten_outputs
 
 from . import models
+from .as_built import write_as_built
 
 FLOAT16_ATOL, FLOAT16_RTOL = 2e-2, 1e-2  # the recipe default, validate.float16
 
@@ -27,8 +28,8 @@ def test_float16_model_keeps_float32_outputs_and_matches_eager_at_float16_tolera
     inputs = [models.text_inputs(b, s) for b, s in models.TEXT_SHAPES]
     gm = models.fx_graph(model, ["input_ids", "attention_mask"])
     path = tmp_path / "model.onnx"
-    artifact = write_onnx(gm, path, inputs[0], models.TEXT_DIMS, ort_fusions="cuda", float16=True)
-    assert artifact.fusions.get("multi_head_attention", 0) > 0, artifact.fusions  # fused before the conversion
+    fusions = write_as_built(gm, inputs[0], models.TEXT_DIMS, path, optimize="ort_fusions", target="cuda")  # precision: auto
+    assert fusions.get("multi_head_attention", 0) > 0, fusions  # fused before the conversion
 
     initializer_types, output_types = _element_types(path)
     assert onnx.TensorProto.FLOAT16 in initializer_types
@@ -65,18 +66,16 @@ def test_build_validates_a_float16_onnx_at_the_float16_tolerances(write_recipe, 
     assert onnx.TensorProto.FLOAT16 in initializer_types
 
 
-def test_file_level_stages_convert_after_their_fusions(tmp_path):
-    from aot.export import export_onnx, optimize_onnx
-
+def test_float16_without_fusions_and_after_the_transformer_optimizer(tmp_path):
     model = models.tiny_bert()
     inputs = [models.text_inputs(b, s) for b, s in models.TEXT_SHAPES]
     gm = models.fx_graph(model, ["input_ids", "attention_mask"])
-    for level in ("transformer", "none"):
+    float32_path = tmp_path / "float32" / "model.onnx"
+    write_as_built(gm, inputs[0], models.TEXT_DIMS, float32_path)
+    assert onnx.TensorProto.FLOAT16 not in _element_types(float32_path)[0]  # the precondition: the export is float32
+    for level in ("transformer", "none"):  # converted after the file-level stage's fusions; in memory before the write
         path = tmp_path / level / "model.onnx"
-        path.parent.mkdir()
-        export_onnx(gm, path, inputs[0], models.TEXT_DIMS)
-        assert onnx.TensorProto.FLOAT16 not in _element_types(path)[0]  # the precondition: exported in float32
-        optimize_onnx(path, level, None, float16=True)
+        write_as_built(gm, inputs[0], models.TEXT_DIMS, path, optimize=level, precision="float16")
         initializer_types, output_types = _element_types(path)
         assert onnx.TensorProto.FLOAT16 in initializer_types, level
         assert output_types == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT], level

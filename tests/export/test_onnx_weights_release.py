@@ -5,7 +5,6 @@ the child takes all of that with it when it exits."""
 
 from __future__ import annotations
 
-import functools
 import gc
 import weakref
 
@@ -15,10 +14,10 @@ import torch
 import transformers
 from onnx import numpy_helper
 
-from aot.export import write_onnx
-from aot.forked import ForkedStep, can_fork
+from aot.forked import can_fork
 
 from . import models
+from .as_built import write_as_built
 
 
 def _bert_with_unfoldable_weights() -> transformers.BertModel:
@@ -37,14 +36,12 @@ def test_the_weights_are_freed_with_the_graph_after_a_forked_export_with_fusions
     gm = models.fx_graph(_bert_with_unfoldable_weights(), ["input_ids", "attention_mask"])
     weight = weakref.ref(gm.get_submodule("encoder.layer.0.intermediate.dense").weight)
     path = tmp_path / "model.onnx"
-    inputs = models.text_inputs(2, 7)
-    export = functools.partial(write_onnx, gm, path, inputs, models.TEXT_DIMS, ort_fusions="cpu")
-    written = ForkedStep("export_onnx", export).result()
-    assert written.paths == [path]
-    assert written.fusions["multi_head_attention"] == 2, written.fusions  # the rewriter ran on this graph
-    stored = sum(numpy_helper.to_array(tensor).nbytes for tensor in onnx.load(str(path)).graph.initializer)
+    fusions = write_as_built(gm, models.text_inputs(2, 7), models.TEXT_DIMS, path, optimize="ort_fusions", target="cpu")
+    assert fusions["multi_head_attention"] == 2, fusions  # the rewriter ran on this graph
+    proto = onnx.load(str(path))  # with the weights from model.onnx.data
+    stored = sum(numpy_helper.to_array(tensor).nbytes for tensor in proto.graph.initializer)
     weights = sum(p.numel() * p.element_size() for p in gm.parameters())
     assert stored >= 0.9 * weights, (stored, weights)  # the weights are in the file (a few fold into constants)
-    del gm, export
+    del gm, proto
     gc.collect()
     assert weight() is None, "the export left a reference to the graph's weights in this process"
