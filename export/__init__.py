@@ -8,8 +8,8 @@ Every writer here gives byte-identical files for the same graph in any process.
 """
 
 from .graph_module_artifact import load, load_standalone, save_graph_module
-from .onnx_export import OnnxArtifact, export_onnx, write_onnx
+from .onnx_export import OnnxArtifact, write_onnx
 from .onnx_optimize import optimize_onnx
 from .onnx_runtime import release_sessions, run_onnx
 
-__all__ = ["OnnxArtifact", "export_onnx", "write_onnx", "load", "load_standalone", "optimize_onnx", "release_sessions", "run_onnx", "save_graph_module"]
+__all__ = ["OnnxArtifact", "write_onnx", "load", "load_standalone", "optimize_onnx", "release_sessions", "run_onnx", "save_graph_module"]

@@ -48,11 +48,6 @@ class OnnxArtifact:
     fusions: dict[str, int] = field(default_factory=dict)
 
 
-def export_onnx(gm: torch.fx.GraphModule, path: Path, *args: Any, **kwargs: Any) -> list[Path]:
-    """:func:`write_onnx`, returning only the written paths (the build calls write_onnx; tests/export/test_reproducibility.py calls this)."""
-    return write_onnx(gm, path, *args, **kwargs).paths
-
-
 def write_onnx(
     gm: torch.fx.GraphModule,
     path: Path,

@@ -19,7 +19,7 @@ BUILD = textwrap.dedent(
 
     import torch
 
-    from aot.export import export_onnx, save_graph_module
+    from aot.export import save_graph_module, write_onnx
     from tests.export import models
 
     out = Path(sys.argv[1])
@@ -33,7 +33,7 @@ BUILD = textwrap.dedent(
     for name, gm in graphs.items():
         save_graph_module(gm, out / name)
     for name in ("bert_fx", "bert_export"):
-        export_onnx(graphs[name], out / f"{name}.onnx", example, models.TEXT_DIMS)
+        write_onnx(graphs[name], out / f"{name}.onnx", example, models.TEXT_DIMS)
     """
 )
 
