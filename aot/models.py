@@ -132,6 +132,10 @@ def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint) -> torch.nn.Mod
     for path in weights:
         if path.suffix == ".safetensors":
             _check_safetensors(loaded, path)
+    from transformers.utils import logging as transformers_logging
+
+    # transformers draws a "Loading weights" bar on stderr, which is the error line's (aot's stages report progress).
+    transformers_logging.disable_progress_bar()
     try:
         return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **_attention_kwargs(loaded))
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:

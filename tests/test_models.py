@@ -210,3 +210,12 @@ def test_pretrained_input_names_are_checked_before_the_weights(write_recipe, tin
         load_model(load_recipe(path))
     path.write_text(PRETRAINED.replace("name: input_ids", "name: input_idz"))
     assert "inputs.tensors[0].name: BertModel.forward has no input 'input_idz'" in _load_model_error(path)
+
+
+def test_loading_pretrained_weights_draws_nothing_on_stderr(write_recipe, tiny_bert_weights, capfd):
+    """stderr is for aot's one error line: transformers' "Loading weights" bar must not reach it."""
+    recipe = _pretrained_recipe(write_recipe, tiny_bert_weights, "safetensors")
+    capfd.readouterr()
+    model = load_model(load_recipe(recipe))
+    assert type(model).__name__ == "BertModel"
+    assert capfd.readouterr().err == ""
