@@ -10,12 +10,11 @@ first. A factory model is known only once it is built: it has no blueprint, and
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aot.recipe import LoadedRecipe, pretrained_directory
+from aot.tracing.dummy_inputs import forward_parameters
 from aot.recipe_ranges import POSITION_LIMIT_KEYS, check_position_limit
 
 
@@ -37,16 +36,8 @@ def model_blueprint(loaded: LoadedRecipe) -> Blueprint | None:
     model_class = requested_class(loaded)
     blueprint = Blueprint(config=config, model_class=model_class, forward_class=_concrete_class(model_class, config))
     if blueprint.forward_class is not None:
-        check_forward_accepts(loaded, blueprint.forward_class.__name__, forward_input_names(blueprint.forward_class.forward, bound=False))
+        check_forward_accepts(loaded, blueprint.forward_class.__name__, forward_parameters(blueprint.forward_class))
     return blueprint
-
-
-def forward_input_names(forward: Callable, bound: bool = True) -> list[str]:
-    """Parameters of ``forward`` that an input may bind to by name (``*args``, ``**kwargs`` and ``self`` excluded)."""
-    parameters = list(inspect.signature(forward).parameters.values())
-    if not bound:
-        parameters = parameters[1:]  # self
-    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def check_forward_accepts(loaded: LoadedRecipe, owner: str, accepted: list[str]) -> None:

@@ -21,19 +21,20 @@ DECODER_SEQUENCE = 8
 DEFAULT_IMAGE_SIZE = 64
 
 
-def forward_parameters(model: torch.nn.Module) -> list[str]:
-    """Parameters of ``model.forward`` that an input may bind to by name (``*args`` and ``**kwargs`` excluded).
+def forward_parameters(model: torch.nn.Module | type[torch.nn.Module]) -> list[str]:
+    """Parameters of ``forward`` that an input may bind to by name (``*args`` and ``**kwargs`` excluded).
+
+    ``model`` is a module, or a module class (whose unbound ``forward`` also takes ``self``):
+    the build checks a recipe's input names against the class before any weight exists.
 
     The one definition: :mod:`aot.models` re-exports it for the build. It lives here, in the
     lower layer, so that importing :mod:`aot.tracing` pulls in neither the recipe machinery
     nor :mod:`aot.models`' offline defaults for the Hugging Face hub.
     """
-    signature = inspect.signature(model.forward)
-    return [
-        name
-        for name, parameter in signature.parameters.items()
-        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-    ]
+    parameters = list(inspect.signature(model.forward).parameters.values())
+    if isinstance(model, type):
+        parameters = parameters[1:]  # self
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def default_input_names(model: torch.nn.Module) -> list[str]:
