@@ -78,9 +78,22 @@ def test_export_child_dies_when_the_build_is_killed(tmp_path):
     assert _wait_until(lambda: not _alive(child), 10), "the export child outlived its SIGKILLed parent"
 
 
+def _catches(pid: int, signal_number: int) -> bool:
+    """Whether the process has a handler of its own for the signal (its SigCgt mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(caught >> (signal_number - 1) & 1)
+
+
 def test_interrupt_while_importing_is_one_line(tmp_path):
     process, _ = _start_build(tmp_path)
-    time.sleep(0.4)  # inside the command's imports (torch alone takes over a second)
+    # aot's handlers are in place (SIGTERM is caught only once they are), the imports of torch
+    # and transformers, which take seconds, still to come.
+    assert _wait_until(lambda: _catches(process.pid, signal.SIGTERM) or process.poll() is not None, 60)
+    time.sleep(0.2)
     assert process.poll() is None
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
