@@ -29,9 +29,11 @@ from aot.outdir import check_replaceable, staged_directory
 from aot.pipeline import PassRecord, run_pipeline
 from aot.recipe import LoadedRecipe, load_recipe
 from aot.stages import Progress, Stages
+from aot.accuracy import AccuracyResult, make_gate
 from aot.validate import (
     Comparison,
     eager_outputs,
+    eager_runner,
     raise_on_failure,
     validate_artifacts,
     validate_graph,
@@ -48,6 +50,7 @@ class BuildReport:
     stages: dict[str, float] = field(default_factory=dict)
     passes: list[PassRecord] = field(default_factory=list)
     validation: list[Comparison] = field(default_factory=list)
+    accuracy: list[AccuracyResult] = field(default_factory=list)
     trace: dict[str, Any] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
@@ -56,7 +59,7 @@ class BuildReport:
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.validation)
+        return all(c.ok for c in self.validation) and all(a.ok for a in self.accuracy)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +71,7 @@ class BuildReport:
             "passes": [p.to_json() for p in self.passes],
             "onnx_fusions": self.onnx_fusions,
             "validation": [c.to_json() for c in self.validation],
+            "accuracy": [a.to_json() for a in self.accuracy],
             "files": self.files,
             "memory": self.memory,
         }
@@ -131,10 +135,11 @@ def _build(
             with onnx.beside():
                 with stage("eager_outputs"):
                     expected = [eager_outputs(model, case.inputs) for case in cases]
+                    gate = make_gate(loaded, eager_runner(model), model)  # task metrics on real data, when the recipe asks
                 del model  # its outputs are the reference; the graph is now its weights' only owner
                 release_freed_memory()
                 with stage("validate_graph"):
-                    report.validation = validate_graph(loaded, graph_module, cases, expected)
+                    report.validation, report.accuracy = validate_graph(loaded, graph_module, cases, expected, gate)
                 _write_graph_module(loaded, graph_module, staging, report, stage)
                 hashed_beside_export = hash_files(staging)
         except BaseException:
@@ -146,8 +151,10 @@ def _build(
         report.files = describe_files(staging, earlier=hashed_beside_export)
         # module.py runs as hashed: what the manifest lists is what was validated.
         sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
-        report.validation += validate_artifacts(loaded, cases, expected, staging, stage, sha256_of)
-        raise_on_failure(report.validation)
+        validation, accuracy = validate_artifacts(loaded, cases, expected, staging, stage, sha256_of, gate)
+        report.validation += validation
+        report.accuracy += accuracy
+        raise_on_failure(report.validation, report.accuracy)
         _note_time_and_memory(report, memory, started)
         manifest_path = _write(write_manifest, staging, _manifest(loaded, report))
         report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
@@ -202,6 +209,7 @@ def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
         "passes": [{k: v for k, v in p.to_json().items() if k != "seconds"} for p in report.passes],
         "onnx_fusions": report.onnx_fusions,
         "validation": [c.to_json() for c in report.validation],
+        "accuracy": [a.to_json() for a in report.accuracy],
         "artifacts": report.files,
         # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.
         "run": {

@@ -78,7 +78,39 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
         loaded, loaded.recipe.export.graph_module.passes, ("export", "graph_module", "passes")
     )
     _check_files(loaded)
+    _check_accuracy_gate(loaded)
     return loaded
+
+
+def _check_accuracy_gate(loaded: LoadedRecipe) -> None:
+    """A pass that changes the computation is judged by task metrics, so the recipe must name them (and their data)."""
+    from aot.passes import registry
+
+    accuracy = loaded.recipe.validate_.accuracy
+    steps = [(("passes", i), spec) for i, spec in enumerate(loaded.passes)]
+    steps += [(("export", "graph_module", "passes", i), spec) for i, spec in enumerate(loaded.graph_module_passes)]
+    for location, spec in steps:
+        if not registry.get(spec.name).cls.preserves_computation and accuracy is None:
+            raise loaded.error(
+                location,
+                f"pass '{spec.name}' changes the computation (it does not preserve it): add validate.accuracy with "
+                "the data and the metric thresholds every artifact must reach",
+            )
+    if accuracy is None:
+        return
+    if accuracy.data == "texts":
+        if not loaded.recipe.inputs.texts:
+            raise loaded.error(("validate", "accuracy", "data"), "`texts` names inputs.texts, which this recipe does not give")
+    elif not accuracy_data_path(loaded).is_file():
+        raise loaded.error(("validate", "accuracy", "data"), f"data file not found: {accuracy_data_path(loaded)}")
+    elif accuracy_data_path(loaded).suffix not in (".txt", ".jsonl", ".safetensors"):
+        raise loaded.error(("validate", "accuracy", "data"), "a data file is .txt, .jsonl or .safetensors")
+
+
+def accuracy_data_path(loaded: LoadedRecipe) -> Path:
+    """The accuracy data file, relative to the recipe file."""
+    assert loaded.recipe.validate_.accuracy is not None
+    return (loaded.path.parent / loaded.recipe.validate_.accuracy.data).resolve()
 
 
 def _line_for(lines: dict[Location, int], location: Location) -> int:

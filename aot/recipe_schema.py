@@ -142,6 +142,55 @@ class Tolerance(_Strict):
     rtol: float = Field(description="Relative tolerance.", ge=0, allow_inf_nan=False)
 
 
+class AccuracyMetrics(_Strict):
+    """Task metrics of an artifact against the float32 eager model, each a threshold the artifact must reach."""
+
+    cosine_mean: float | None = Field(
+        None, ge=-1, le=1, allow_inf_nan=False,
+        description="Smallest mean, over the examples, of the cosine similarity between the artifact's and "
+        "eager's vector for an example (after `pooling`): embeddings.",
+    )
+    cosine_min: float | None = Field(
+        None, ge=-1, le=1, allow_inf_nan=False, description="Smallest cosine similarity allowed for any one example."
+    )
+    top1_agreement: float | None = Field(
+        None, ge=0, le=1, allow_inf_nan=False,
+        description="Smallest share of examples (of tokens, where the output has a sequence axis and the inputs "
+        "an attention_mask) whose arg-max over the last axis is eager's: classifiers.",
+    )
+    spearman: float | None = Field(
+        None, ge=-1, le=1, allow_inf_nan=False,
+        description="Smallest Spearman correlation between the pairwise cosine similarities of all examples "
+        "under the artifact and under eager: what sentence-embedding users rank by.",
+    )
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> AccuracyMetrics:
+        if all(value is None for value in self.model_dump().values()):
+            raise ValueError("name at least one metric threshold (cosine_mean, cosine_min, top1_agreement, spearman)")
+        return self
+
+
+class AccuracySpec(_Strict):
+    """An accuracy gate: task metrics on real data, for graphs whose passes change the computation."""
+
+    data: str = Field(
+        "texts",
+        description="`texts` (the recipe's inputs.texts), or a file relative to the recipe: .txt (one example a "
+        "line), .jsonl (the `text_field` of each line), both tokenised with the pretrained model's tokenizer, or "
+        ".safetensors (one tensor per recipe input, examples along the first axis).",
+    )
+    text_field: str = Field("text", description="The field holding the text in a .jsonl data set.")
+    output: str | None = Field(None, description="The output the metrics read (a name `aot` gives outputs); default the first.")
+    pooling: Literal["mean", "cls", "none"] = Field(
+        "mean",
+        description="How an example's vector is made from an output with a sequence axis: `mean` over the tokens "
+        "its attention_mask keeps, `cls` the first token, `none` the whole output flattened.",
+    )
+    batch_size: int = Field(32, ge=1, description="Examples per call.")
+    metrics: AccuracyMetrics = Field(..., description="The thresholds; every one given must be reached by every artifact.")
+
+
 class ValidateSpec(_Strict):
     """Numerical comparison of every artifact against the eager model."""
 
@@ -161,6 +210,11 @@ class ValidateSpec(_Strict):
         "derived from the dynamic dims.",
     )
     bisect: bool = Field(True, description="On failure, re-run the pipeline pass by pass to name the culprit.")
+    accuracy: AccuracySpec | None = Field(
+        None,
+        description="Accuracy gate, required once a pass does not preserve the computation (precision, activation "
+        "changes): every artifact is then held to these task metrics on real data instead of atol/rtol.",
+    )
 
 
 PassList = list[str | dict[str, dict[str, Any] | None]]

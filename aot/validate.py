@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aot.accuracy import AccuracyResult, Gate, make_gate
 from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
 from aot.inputs import ShapeCase, shape_cases
 from aot.integrity import verify_directory
@@ -58,6 +59,7 @@ class Comparison:
     atol: float | None = None
     rtol: float | None = None
     source: str | None = None  # what ran: the in-memory graph, module.py as users load it, the ONNX file
+    judged_by: str = "atol/rtol"  # or "accuracy gate": the errors are recorded, the gate decides
 
     @property
     def worst(self) -> OutputError | None:
@@ -123,6 +125,11 @@ def eager_extra_arguments(model: torch.nn.Module, inputs: dict[str, Any]) -> dic
     return {"use_cache": False} if "use_cache" in forward_parameters(model) and "use_cache" not in inputs else {}
 
 
+def eager_runner(model: torch.nn.Module) -> Callable[[dict[str, Any]], Any]:
+    """``run(inputs)`` of the eager model, called as the tracer calls it (see :func:`eager_extra_arguments`)."""
+    return lambda inputs: model(**inputs, **eager_extra_arguments(model, inputs))
+
+
 def eager_outputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The eager reference (see :func:`eager_extra_arguments`)."""
     with torch.no_grad():
@@ -141,8 +148,14 @@ def check_artifact(
     expected: list[dict[str, Any]],
     tolerances: Tolerance | ValidateSpec,
     source: str | None = None,
+    gated: bool = False,
 ) -> list[Comparison]:
-    """``run(case)`` at every case against its eager outputs; an artifact that fails to run fails the case."""
+    """``run(case)`` at every case against its eager outputs; an artifact that fails to run fails the case.
+
+    ``gated``: the graph's passes change the computation, so an accuracy gate judges it; the errors
+    at each shape are recorded, and a case fails only if the artifact does not run or its outputs
+    have other names or shapes.
+    """
     results = []
     for case, want in zip(cases, expected):
         try:
@@ -155,14 +168,16 @@ def check_artifact(
             continue
         result = compare_outputs(artifact, case.label, want, got, tolerances.atol, tolerances.rtol)
         result.source = source
+        if gated:
+            result.ok, result.judged_by = result.problem is None, "accuracy gate"
         results.append(result)
     return results
 
 
-def raise_on_failure(results: list[Comparison], culprit: str | None = None) -> None:
-    failed = [c for c in results if not c.ok]
+def raise_on_failure(results: list[Comparison], accuracy: list[AccuracyResult] = (), culprit: str | None = None) -> None:
+    failed = [c.summary() for c in results if not c.ok] + [a.summary() for a in accuracy if not a.ok]
     if failed:
-        raise ValidationError(failed[0].summary() + (f"; {culprit}" if culprit else ""))
+        raise ValidationError(failed[0] + (f"; {culprit}" if culprit else ""))
 
 
 def bisect(loaded: LoadedRecipe, cases: list[ShapeCase], expected: list, failure: Comparison) -> str:
@@ -191,17 +206,52 @@ def bisect(loaded: LoadedRecipe, cases: list[ShapeCase], expected: list, failure
     return culprit[0] if culprit else "no single pass reproduces the divergence when re-run"
 
 
+def bisect_gate(loaded: LoadedRecipe, first_inputs: dict[str, Any], gate: Gate) -> str:
+    """Re-trace and re-run the pipeline pass by pass to name the first pass after which the gate fails."""
+    from aot.capture import capture
+    from aot.pipeline import run_pipeline
+
+    with torch.random.fork_rng():
+        model = load_model(loaded)
+    graph_module = capture(loaded, model, first_inputs)
+    culprit: list[str] = []
+
+    def check(step: int, current: torch.fx.GraphModule) -> None:
+        if not culprit:
+            result = gate.measure("graph", lambda batch: current(**batch))
+            if not result.ok:
+                culprit.append(f"the gate first failed after pass '{loaded.passes[step].name}' (step {step + 1})")
+
+    run_pipeline(graph_module, loaded.passes, after_each=check)
+    return culprit[0] if culprit else "no single pass reproduces the failure when re-run"
+
+
+def changes_computation(loaded: LoadedRecipe) -> bool:
+    """Whether a pass of the recipe does not preserve the computation (its artifacts are then gated)."""
+    from aot.passes import registry
+
+    return any(not registry.get(spec.name).cls.preserves_computation for spec in loaded.passes + loaded.graph_module_passes)
+
+
 def validate_graph(
-    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, cases: list[ShapeCase], expected: list[dict[str, Any]]
-) -> list[Comparison]:
+    loaded: LoadedRecipe,
+    graph_module: torch.fx.GraphModule,
+    cases: list[ShapeCase],
+    expected: list[dict[str, Any]],
+    gate: Gate | None = None,
+) -> tuple[list[Comparison], list[AccuracyResult]]:
     """The traced graph after the passes, in memory; on failure, bisect (when the recipe asks) and raise."""
     run = lambda case: run_module(graph_module, case)  # noqa: E731
-    results = check_artifact("graph", run, cases, expected, loaded.recipe.validate_, source="traced graph after the passes")
+    gated = gate is not None and changes_computation(loaded)
+    results = check_artifact("graph", run, cases, expected, loaded.recipe.validate_, "traced graph after the passes", gated)
+    accuracy = [gate.measure("graph", lambda batch: graph_module(**batch))] if gate is not None else []
     failed = [c for c in results if not c.ok]
-    if failed:
-        culprit = bisect(loaded, cases, expected, failed[0]) if loaded.recipe.validate_.bisect else None
-        raise_on_failure(results, culprit)
-    return results
+    if failed or not all(a.ok for a in accuracy):
+        culprit = None
+        if loaded.recipe.validate_.bisect:
+            culprit = bisect(loaded, cases, expected, failed[0]) if failed else bisect_gate(loaded, cases[0].inputs, gate)
+        raise_on_failure(results, accuracy, culprit)
+    return results, accuracy
 
 
 def validate_artifacts(
@@ -211,24 +261,30 @@ def validate_artifacts(
     directory: Path,
     stage: Callable[[str], AbstractContextManager[None]] | None = None,
     sha256_of: Callable[[str], str | None] = lambda relative: None,
-) -> list[Comparison]:
+    gate: Gate | None = None,
+) -> tuple[list[Comparison], list[AccuracyResult]]:
     """The ONNX model and the saved GraphModule in ``directory``, loaded as users load them, against eager.
 
     The GraphModule runs through its own ``module.py`` (``load``, torch alone), the code users run.
     ``sha256_of(relative path)``: the digest ``module.py`` must have when it is executed (its text
-    is hashed as it is read, so what runs is what was checked).
+    is hashed as it is read, so what runs is what was checked). With a ``gate``, each artifact is also
+    scored on the gate's data.
     """
     from aot import export
 
     stage = stage or (lambda name: nullcontext())
+    gated = gate is not None and changes_computation(loaded)
     results: list[Comparison] = []
+    accuracy: list[AccuracyResult] = []
     onnx_path = directory / "model.onnx"
     if onnx_path.is_file():
         with stage("validate_onnx"):
             onnx_options = loaded.recipe.export.onnx
             tolerances = loaded.recipe.validate_.float16 if onnx_options.float16 else loaded.recipe.validate_
             run = lambda case: export.run_onnx(onnx_path, case.inputs)  # noqa: E731
-            results += check_artifact("onnx", run, cases, expected, tolerances, source="model.onnx in onnxruntime")
+            results += check_artifact("onnx", run, cases, expected, tolerances, "model.onnx in onnxruntime", gated)
+            if gate is not None:
+                accuracy.append(gate.measure("onnx", lambda batch: export.run_onnx(onnx_path, batch)))
             export.release_sessions()
         release_freed_memory()
     module_file = "graph_module/module.py"
@@ -236,9 +292,11 @@ def validate_artifacts(
         with stage("validate_graph_module"):
             saved = export.load_standalone(directory / "graph_module", sha256_of(module_file)).to(loaded.recipe.model.device)
             run = lambda case: run_module(saved, case)  # noqa: E731
-            results += check_artifact("graph_module", run, cases, expected, loaded.recipe.validate_, source=f"{module_file} load()")
+            results += check_artifact("graph_module", run, cases, expected, loaded.recipe.validate_, f"{module_file} load()", gated)
+            if gate is not None:
+                accuracy.append(gate.measure("graph_module", lambda batch: saved(**batch)))
             del saved, run
-    return results
+    return results, accuracy
 
 
 @dataclass
@@ -247,10 +305,11 @@ class DirectoryReport:
     manifest_sha256: str
     files_checked: int = 0
     validation: list[Comparison] = field(default_factory=list)
+    accuracy: list[AccuracyResult] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.validation)
+        return all(c.ok for c in self.validation) and all(a.ok for a in self.accuracy)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -259,6 +318,7 @@ class DirectoryReport:
             "manifest_sha256": self.manifest_sha256,
             "files_checked": self.files_checked,
             "validation": [c.to_json() for c in self.validation],
+            "accuracy": [a.to_json() for a in self.accuracy],
         }
 
 
@@ -284,11 +344,12 @@ def validate_directory(
         cases = shape_cases(loaded, model)
     with stage("eager_outputs"):
         expected = [eager_outputs(model, case.inputs) for case in cases]
+        gate = make_gate(loaded, eager_runner(model), model)
     del model
     release_freed_memory()
     report = DirectoryReport(str(directory), integrity.manifest_sha256, integrity.files_checked)
-    report.validation = validate_artifacts(loaded, cases, expected, directory, stage, integrity.sha256_of)
-    raise_on_failure(report.validation)
+    report.validation, report.accuracy = validate_artifacts(loaded, cases, expected, directory, stage, integrity.sha256_of, gate)
+    raise_on_failure(report.validation, report.accuracy)
     return report
 
 

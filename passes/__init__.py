@@ -7,6 +7,7 @@ pass module for the graph before and after and the math.
 """
 
 from . import registry
+from .approximate_gelu import ApproximateGelu
 from .base import PassResult, ReversibleTransformation, Transformation
 from .change_true_div_to_mul_by_inverse import ChangeTrueDivToMulByInverse
 from .compose import compose
@@ -26,6 +27,7 @@ from .remove_redundant_reshapes import RemoveRedundantReshapes
 from .rule import Match, RewriteRule
 
 __all__ = [
+    "ApproximateGelu",
     "ChangeTrueDivToMulByInverse",
     "DeadCodeElimination",
     "DeepCopy",
