@@ -94,6 +94,13 @@ def test_a_met_gate_is_recorded_per_artifact(tmp_path, write_recipe):
     assert {v["judged_by"] for v in manifest["validation"]} == {"accuracy gate"}
     assert max(v["max_abs"] for v in manifest["validation"]) > 0, "the pass changed the outputs: only the gate can judge them"
 
+    result = run_aot("bench", tmp_path / "out", "--runs", "1", "--warmup", "1", "--gap-ms", "0", "--no-memory", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["accuracy"]["onnx"] == gates["onnx"]["metrics"], "bench shows the gate beside the speed"
+    result = run_aot("validate", tmp_path / "out", "--json")
+    assert result.returncode == 0, result.stderr
+    assert {entry["artifact"] for entry in json.loads(result.stdout)["accuracy"]} == {"onnx", "graph_module"}
+
 
 @pytest.mark.slow
 def test_a_failed_gate_names_artifact_metric_threshold_and_pass(tmp_path, write_recipe):

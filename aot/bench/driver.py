@@ -86,6 +86,8 @@ class BenchReport:
     pids: dict[str, int] = field(default_factory=dict)  # the process each runner ran in
     shapes: list[ShapeFigures] = field(default_factory=list)
     build_stages_s: dict[str, float] = field(default_factory=dict)
+    # The build's accuracy gate, per artifact, from its manifest: speed next to what it cost in accuracy.
+    accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
     peer_failures: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -144,6 +146,7 @@ def bench(
     report = BenchReport(
         build=str(directory), cpu=cpu_model(), threads=threads, mode=mode, runs=runs, warmup=warmup, gap_ms=gap_ms,
         build_stages_s=integrity.manifest.get("run", {}).get("stages_s", {}),
+        accuracy={entry["artifact"]: entry["metrics"] for entry in integrity.manifest.get("accuracy", [])},
     )
     names = [name for name in ARTIFACT_RUNNERS if _artifact_present(directory, name)] + list(peers)
     with tempfile.TemporaryDirectory(prefix="aot-bench-") as workdir, _hosts(in_process) as start:
