@@ -160,7 +160,8 @@ def build(context: click.Context, recipe: str, output: str | None, as_json: bool
         click.echo(
             f"built {report.name} -> {report.output} in {report.stages.get('total', 0):.1f}s "
             f"({_plural(len(report.passes), 'pass')} run, {changed} changed the graph; "
-            f"validated {_plural(len(report.validation), 'run')} at {_plural(shapes, 'shape')}, max abs error {worst:.2g}); "
+            f"validated {_plural(len(report.validation), 'run')} at {_plural(shapes, 'shape')}, max abs error {worst:.2g}"
+            f"{_gate_summary(report.accuracy)}); "
             f"manifest sha256 {report.manifest_sha256}"
         )
 
@@ -207,7 +208,7 @@ def validate(context: click.Context, directory: str, recipe: str | None, expect_
     else:
         click.echo(
             f"ok: {report.files_checked} files match the manifest (sha256 {report.manifest_sha256}); "
-            f"{len(report.validation)} runs within tolerance"
+            f"{len(report.validation)} runs within tolerance{_gate_summary(report.accuracy)}"
         )
 
 
@@ -350,6 +351,13 @@ def exit_codes() -> None:
     """List the exit codes aot uses."""
     for code, meaning in sorted(EXIT_CODES.items()):
         click.echo(f"{code:>4}  {meaning}")
+
+
+def _gate_summary(accuracy: list) -> str:
+    if not accuracy:
+        return ""
+    lowest = {name: min(a.metrics[name] for a in accuracy) for name in accuracy[0].thresholds}
+    return "; accuracy gate met by every artifact (" + ", ".join(f"lowest {k} {v:.4f}" for k, v in lowest.items()) + ")"
 
 
 def _plural(count: int, noun: str) -> str:

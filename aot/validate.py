@@ -4,6 +4,8 @@
 - :func:`compare_outputs`: one artifact's outputs against the reference, output by output;
 - :func:`check_artifact`: an artifact over every shape case;
 - :func:`bisect`: on a failure, re-run the passes one by one and name the first that diverged;
+- an accuracy gate (:mod:`aot.accuracy`), when a pass changes the computation: each artifact is
+  scored by task metrics on real data, and :func:`bisect_gate` names the first pass it fails after;
 - :func:`validate_artifacts`: the files a build writes, loaded as users load them: the saved
   GraphModule through its own ``module.py`` (``load``, torch alone), the ONNX model in ONNX Runtime;
 - :func:`validate_directory`: ``aot validate DIR``: the directory's integrity first
