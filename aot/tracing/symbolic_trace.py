@@ -158,6 +158,8 @@ def _build_graph_module(model: torch.nn.Module, graph: torch.fx.Graph, tracer: H
     for target in targets:
         if target in tracer.constants:
             value, is_buffer = tracer.constants[target], True
+        elif target in tracer.inserted_modules:
+            value, is_buffer = tracer.inserted_modules[target], False
         else:
             value = model
             for atom in target.split("."):

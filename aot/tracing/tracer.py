@@ -99,6 +99,9 @@ class HFTracer(torch.fx.Tracer):
         self.baked_constants: list[dict] = []
         self.notes: list[str] = []
         self.constants: dict[str, torch.Tensor] = {}
+        # Stateless modules the model creates inside forward (nn.ReLU(), CrossEntropyLoss()), by the
+        # root-level name the graph calls them under; held here, so their ids stay unique while tracing.
+        self.inserted_modules: dict[str, torch.nn.Module] = {}
         self._fake_values: dict[Node, Any] = {}
         self._fake_attrs: dict[str, Any] = {}
         self._evaluating = False
@@ -145,6 +148,7 @@ class HFTracer(torch.fx.Tracer):
             for name, tensor in module.named_parameters():
                 self._tensor_names.setdefault(id(tensor), name)
             self._module_paths = {id(sub): name for name, sub in module.named_modules()}
+        self.inserted_modules = {}
         with tracing_patches(self):
             return super().trace(root, concrete_args)
 
@@ -237,10 +241,31 @@ class HFTracer(torch.fx.Tracer):
     def path_of_module(self, mod: torch.nn.Module) -> str:
         path = self._module_paths.get(id(mod))
         if path is None:
-            raise TraceError(
-                f"module {type(mod).__name__} is called during tracing but is not a submodule of the traced model"
-            )
+            path = self._insert_stateless_module(mod)
         return path
+
+    def _insert_stateless_module(self, mod: torch.nn.Module) -> str:
+        """A module made inside forward joins the graph's module tree when it holds no state (as HFTracer did).
+
+        One holding parameters or buffers would be created anew, with new weights, at every call:
+        it cannot be part of a graph, and the model must create it in ``__init__``.
+        """
+        held = next(iter(mod.parameters()), None) is not None or next(iter(mod.buffers()), None) is not None
+        if held:
+            location = user_location()
+            raise TraceError(
+                f"module {type(mod).__name__} is created inside forward with parameters or buffers, at "
+                f"{location.short_file()}:{location.line}: create it in __init__ so the graph can hold its weights"
+            )
+        name = f"_inserted_{type(mod).__name__.lower()}_{len(self.inserted_modules)}"
+        self.inserted_modules[name] = mod
+        self._module_paths[id(mod)] = name
+        self.notes.append(f"{type(mod).__name__} created inside forward is called as the stateless submodule '{name}'")
+        return name
+
+    def submodule(self, target: str) -> torch.nn.Module:
+        """A module the graph calls: the model's own, or one inserted while tracing."""
+        return self.inserted_modules[target] if target in self.inserted_modules else self.root.get_submodule(target)
 
     def call_module(self, m, forward, args, kwargs):
         if self._evaluating:
@@ -287,7 +312,7 @@ class HFTracer(torch.fx.Tracer):
                 if node.op == "call_method":
                     return getattr(args[0], node.target)(*args[1:], **kwargs)
                 if node.op == "call_module":
-                    return self.root.get_submodule(node.target).forward(*args, **kwargs)
+                    return self.submodule(node.target).forward(*args, **kwargs)
         except TraceError:
             raise
         except Exception as error:  # the op cannot run on fake values: name the user's line
@@ -311,7 +336,7 @@ class HFTracer(torch.fx.Tracer):
             return value
 
         try:
-            module = copy.deepcopy(self.root.get_submodule(node.target))
+            module = copy.deepcopy(self.submodule(node.target))
             previous, self._evaluating = self._evaluating, True
             try:
                 with torch.no_grad():
