@@ -60,6 +60,27 @@ def _sub_config(config, *names: str):
     return config
 
 
+# Heads whose labels are one class per example (HFTracer's list, by transformers' own auto mappings).
+_ONE_LABEL_PER_EXAMPLE = ("SEQUENCE_CLASSIFICATION", "IMAGE_CLASSIFICATION", "AUDIO_CLASSIFICATION", "NEXT_SENTENCE_PREDICTION",
+                          "MULTIPLE_CHOICE", "VIDEO_CLASSIFICATION")
+
+
+def _is_head(model: torch.nn.Module, *heads: str) -> bool:
+    """Whether ``model``'s class is one transformers maps under one of ``heads`` (e.g. SEQUENCE_CLASSIFICATION)."""
+    from transformers.models.auto import modeling_auto
+
+    name = type(model).__name__
+    for head in heads:
+        mapping = getattr(modeling_auto, f"MODEL_FOR_{head}_MAPPING_NAMES", {})
+        if any(name == value or (isinstance(value, tuple) and name in value) for value in mapping.values()):
+            return True
+    return False
+
+
+def _labels_one_per_example(model: torch.nn.Module) -> bool:
+    return _is_head(model, *_ONE_LABEL_PER_EXAMPLE)
+
+
 def make_dummy_inputs(model: torch.nn.Module, input_names: Sequence[str]) -> dict[str, torch.Tensor]:
     config = getattr(model, "config", None)
     if config is None:
@@ -70,8 +91,16 @@ def make_dummy_inputs(model: torch.nn.Module, input_names: Sequence[str]) -> dic
     inputs: dict[str, torch.Tensor] = {}
     for name in input_names:
         length = DECODER_SEQUENCE if name.startswith("decoder_") else SEQUENCE
-        if name in ("input_ids", "decoder_input_ids", "labels"):
+        if name in ("input_ids", "decoder_input_ids"):
             inputs[name] = torch.randint(0, vocab, (BATCH, length), generator=generator)
+        elif name == "labels" and _labels_one_per_example(model):
+            classes = max(getattr(config, "num_labels", 2) or 2, 1)
+            inputs[name] = torch.randint(0, classes, (BATCH,), generator=generator)
+        elif name == "labels":  # language modelling and token classification: one per token
+            classes = vocab if not _is_head(model, "TOKEN_CLASSIFICATION") else max(getattr(config, "num_labels", 2) or 2, 1)
+            inputs[name] = torch.randint(0, classes, (BATCH, length), generator=generator)
+        elif name in ("start_positions", "end_positions"):  # question answering: a token index per example
+            inputs[name] = torch.randint(0, SEQUENCE, (BATCH,), generator=generator)
         elif name in ("attention_mask", "decoder_attention_mask"):
             mask = torch.ones(BATCH, length, dtype=torch.long)
             mask[1, length - 4:] = 0  # the second row is padded
@@ -92,7 +121,9 @@ def make_dummy_inputs(model: torch.nn.Module, input_names: Sequence[str]) -> dic
             frames = 2 * getattr(config, "max_source_positions", 1500)
             inputs[name] = torch.randn(BATCH, mel_bins, frames, generator=generator)
         elif name in ("inputs_embeds", "decoder_inputs_embeds", "encoder_hidden_states"):
-            hidden = getattr(text, "hidden_size", None) or getattr(text, "d_model")
+            # ALBERT's embeddings are narrower than its hidden layers: inputs_embeds has embedding_size.
+            width = "embedding_size" if name != "encoder_hidden_states" and getattr(text, "embedding_size", None) else "hidden_size"
+            hidden = getattr(text, width, None) or getattr(text, "d_model")
             inputs[name] = torch.randn(BATCH, length, hidden, generator=generator)
         else:
             raise TraceError(f"cannot make a dummy value for input '{name}' of {type(model).__name__}; pass dummy_inputs")

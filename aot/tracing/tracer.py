@@ -102,6 +102,7 @@ class HFTracer(torch.fx.Tracer):
         # Stateless modules the model creates inside forward (nn.ReLU(), CrossEntropyLoss()), by the
         # root-level name the graph calls them under; held here, so their ids stay unique while tracing.
         self.inserted_modules: dict[str, torch.nn.Module] = {}
+        self._traced_through: set[int] = set()  # inserted modules whose settings are traced values
         self._fake_values: dict[Node, Any] = {}
         self._fake_attrs: dict[str, Any] = {}
         self._evaluating = False
@@ -148,7 +149,7 @@ class HFTracer(torch.fx.Tracer):
             for name, tensor in module.named_parameters():
                 self._tensor_names.setdefault(id(tensor), name)
             self._module_paths = {id(sub): name for name, sub in module.named_modules()}
-        self.inserted_modules = {}
+        self.inserted_modules, self._traced_through = {}, set()
         with tracing_patches(self):
             return super().trace(root, concrete_args)
 
@@ -236,7 +237,7 @@ class HFTracer(torch.fx.Tracer):
 
     # ---------------------------------------------------------------- modules
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
-        return self.leaf_policy.is_leaf(m, module_qualified_name)
+        return id(m) not in self._traced_through and self.leaf_policy.is_leaf(m, module_qualified_name)
 
     def path_of_module(self, mod: torch.nn.Module) -> str:
         path = self._module_paths.get(id(mod))
@@ -260,7 +261,13 @@ class HFTracer(torch.fx.Tracer):
         name = f"_inserted_{type(mod).__name__.lower()}_{len(self.inserted_modules)}"
         self.inserted_modules[name] = mod
         self._module_paths[id(mod)] = name
-        self.notes.append(f"{type(mod).__name__} created inside forward is called as the stateless submodule '{name}'")
+        if any(isinstance(value, torch.fx.Proxy) for value in vars(mod).values()):
+            # Built from traced values (CrossEntropyLoss(ignore_index=logits.size(1))): as a called module it
+            # would keep a proxy as its setting, so its forward is traced instead, the values as graph inputs.
+            self._traced_through.add(id(mod))
+            self.notes.append(f"{type(mod).__name__} created inside forward from traced values is traced through")
+        else:
+            self.notes.append(f"{type(mod).__name__} created inside forward is called as the stateless submodule '{name}'")
         return name
 
     def submodule(self, target: str) -> torch.nn.Module:

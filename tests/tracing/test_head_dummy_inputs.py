@@ -1,0 +1,77 @@
+"""Dummy inputs per head: labels one per example or one per token, QA positions, ALBERT's narrow inputs_embeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from aot.tracing import symbolic_trace
+from aot.tracing.dummy_inputs import make_dummy_inputs
+
+BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=128)
+SHAPES = [(1, 5), (2, 7), (3, 16)]
+
+
+def _model(cls, config):
+    torch.manual_seed(0)
+    return cls(config).eval()
+
+
+CASES = {
+    "sequence-classification": (
+        transformers.DistilBertForSequenceClassification,
+        transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=128, num_labels=3),
+        ["input_ids", "attention_mask", "labels"],
+        lambda batch, sequence, g: {"labels": torch.randint(0, 3, (batch,), generator=g)},
+    ),
+    "question-answering": (
+        transformers.BertForQuestionAnswering,
+        transformers.BertConfig(**BERT),
+        ["input_ids", "attention_mask", "start_positions", "end_positions"],
+        lambda batch, sequence, g: {
+            "start_positions": torch.randint(0, sequence, (batch,), generator=g),
+            "end_positions": torch.randint(0, sequence, (batch,), generator=g),
+        },
+    ),
+    "token-classification": (
+        transformers.BertForTokenClassification,
+        transformers.BertConfig(**BERT, num_labels=5),
+        ["input_ids", "attention_mask", "labels"],
+        lambda batch, sequence, g: {"labels": torch.randint(0, 5, (batch, sequence), generator=g)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_heads_trace_with_their_own_dummy_labels_and_match_eager(case):
+    cls, config, names, labels = CASES[case]
+    model = _model(cls, config)
+    dummies = make_dummy_inputs(model, names)
+    assert set(dummies) == set(names)
+    graph_module = symbolic_trace(model, input_names=names)
+    with torch.no_grad():
+        for batch, sequence in SHAPES:
+            g = torch.Generator().manual_seed(batch + sequence)
+            inputs = {"input_ids": torch.randint(0, 128, (batch, sequence), generator=g),
+                      "attention_mask": torch.ones(batch, sequence, dtype=torch.int64), **labels(batch, sequence, g)}
+            got, want = graph_module(**inputs), model(**inputs)
+            torch.testing.assert_close(got["loss"], want.loss)
+
+
+def test_one_label_per_example_for_classifiers_and_one_per_token_for_token_classifiers():
+    sequence = make_dummy_inputs(_model(*CASES["sequence-classification"][:2]), ["input_ids", "labels"])
+    tokens = make_dummy_inputs(_model(*CASES["token-classification"][:2]), ["input_ids", "labels"])
+    assert sequence["labels"].dim() == 1 and sequence["labels"].max() < 3
+    assert tokens["labels"].shape == tokens["input_ids"].shape and tokens["labels"].max() < 5
+
+
+def test_albert_inputs_embeds_have_its_embedding_size():
+    config = transformers.AlbertConfig(hidden_size=32, embedding_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64, vocab_size=128)
+    model = _model(transformers.AlbertModel, config)
+    assert make_dummy_inputs(model, ["inputs_embeds"])["inputs_embeds"].shape[-1] == 16
+    graph_module = symbolic_trace(model, input_names=["inputs_embeds"])
+    embeds = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(graph_module(inputs_embeds=embeds)["last_hidden_state"], model(inputs_embeds=embeds).last_hidden_state)
