@@ -48,6 +48,21 @@ def _raise_pending_stop() -> None:
         raise Stopped(_pending_stop[0])
 
 
+def _send_lost_stop_again(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a Stopped raised where Python cannot propagate it is sent again, not printed.
+
+    Python prints such an exception ("Exception ignored in ...") and goes on; the signal is
+    delivered again from a thread, so the handler next runs in ordinary code and stops the build.
+    """
+    if isinstance(unraisable.exc_value, Stopped):
+        import threading
+
+        number = unraisable.exc_value.exit_code - 128
+        threading.Timer(0.01, os.kill, (os.getpid(), number)).start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def _echo_error(message: str) -> None:
     click.echo(f"aot: error: {message}", err=True)
 
@@ -399,6 +414,7 @@ def entry_point() -> None:
     """
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signal_number, _stop)
+    sys.unraisablehook = _send_lost_stop_again
     try:
         returned = main.main(standalone_mode=False, prog_name="aot")
         code = returned if isinstance(returned, int) else 0  # --help and --version return theirs

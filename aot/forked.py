@@ -23,8 +23,6 @@ asked for.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import gc
 import logging
 import os
@@ -35,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aot.errors import AotError, ExportError
+from aot.libc import function
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +135,9 @@ def die_with_parent(parent: int) -> None:
 
     Used by the forked export and by the bench's worker processes.
     """
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        ctypes.CDLL(libc_name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    prctl = function("prctl")
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
 

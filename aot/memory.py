@@ -9,13 +9,13 @@ than the interval; the parent's own ``ru_maxrss`` is a floor under it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import resource
 import sys
 import threading
 import time
+
+from aot.libc import function
 
 _INTERVAL_S = 0.02
 # Reading a child's private memory walks its page tables under its memory-map lock: often, it
@@ -140,7 +140,6 @@ class MemoryWatch:
 def release_freed_memory() -> None:
     """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
     gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    malloc_trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None) if libc_name else None
+    malloc_trim = function("malloc_trim")
     if malloc_trim is not None:
         malloc_trim(0)

@@ -15,7 +15,6 @@ process is killed between any two instructions.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from aot.errors import ExportError, RecipeError
+from aot.libc import function
 from aot.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -113,11 +113,7 @@ def _swap_into_place(staging: Path, target: Path) -> None:
 
 
 def _exchange(first: Path, second: Path) -> bool:
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
+    renameat2 = function("renameat2")
     if renameat2 is None:
         return False
     result = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)

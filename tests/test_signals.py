@@ -99,3 +99,28 @@ def test_interrupt_while_importing_is_one_line(tmp_path):
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["aot: error: interrupted"], stderr
+
+
+LOST_IN_FORK = """
+import os, signal, sys, time
+import aot.cli as cli
+signal.signal(signal.SIGINT, cli._stop)
+sys.unraisablehook = cli._send_lost_stop_again
+def interrupt_inside_fork():  # the handler then raises inside fork's own callback, where Python swallows it
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+os.register_at_fork(after_in_parent=interrupt_inside_fork)
+try:
+    if os.fork() == 0:
+        os._exit(0)
+    time.sleep(5)
+    print("not stopped")
+except cli.Stopped as stop:
+    print("stopped", stop.exit_code)
+"""
+
+
+def test_a_stop_lost_inside_a_fork_callback_is_sent_again_and_not_printed():
+    completed = subprocess.run([sys.executable, "-c", LOST_IN_FORK], capture_output=True, text=True, timeout=60)
+    assert completed.stdout.strip() == "stopped 130", completed.stdout + completed.stderr
+    assert completed.stderr == "", "no 'Exception ignored in' traceback"
