@@ -28,7 +28,7 @@ import torch
 
 from aot.outputs import flatten_outputs
 from aot.recipe import LoadedRecipe, accuracy_data_path
-from aot.recipe_schema import AccuracySpec
+from aot.recipe_schema import AccuracySpec, DimSpec
 
 Batch = dict[str, torch.Tensor]
 
@@ -99,22 +99,28 @@ def _read_texts(loaded: LoadedRecipe, spec: AccuracySpec) -> list[str]:
     return texts
 
 
-def _batch_layout(loaded: LoadedRecipe, spec: AccuracySpec) -> tuple[str, str, int, int | None]:
-    """The batch and sequence dims of the first input, the batch size to use, the longest sequence allowed."""
+def _batch_size(loaded: LoadedRecipe, spec: AccuracySpec) -> int:
+    """Examples per call: the recipe's batch_size within the first input's batch dim (its size when not dynamic)."""
+    batch_name = loaded.recipe.inputs.tensors[0].shape[0] if loaded.recipe.inputs.tensors[0].shape else None
+    batch_dim = loaded.recipe.inputs.dims.get(batch_name) if isinstance(batch_name, str) else None
+    if batch_dim is None:
+        return spec.batch_size
+    return min(spec.batch_size, batch_dim.max or spec.batch_size) if batch_dim.dynamic else batch_dim.size
+
+
+def _sequence_dim(loaded: LoadedRecipe) -> DimSpec:
+    """The sequence dim texts are tokenised to: the first input must be [batch_dim, sequence_dim]."""
     first = loaded.recipe.inputs.tensors[0]
     if len(first.shape) != 2 or not all(isinstance(d, str) for d in first.shape):
         raise loaded.error(("inputs", "tensors", 0, "shape"), "an accuracy data set needs inputs shaped [batch_dim, sequence_dim]")
-    batch_dim, sequence_dim = (loaded.recipe.inputs.dims[name] for name in first.shape)
-    batch = min(spec.batch_size, batch_dim.max or spec.batch_size) if batch_dim.dynamic else batch_dim.size
-    longest = (sequence_dim.max if sequence_dim.dynamic else sequence_dim.size)
-    return first.shape[0], first.shape[1], batch, longest
+    return loaded.recipe.inputs.dims[first.shape[1]]
 
 
 def _text_batches(loaded: LoadedRecipe, spec: AccuracySpec, texts: list[str], tokenizer: Any) -> AccuracyData:
     if len(texts) < 2:
         raise loaded.error(("validate", "accuracy", "data"), "an accuracy data set needs at least two examples")
-    _, sequence_name, batch_size, longest = _batch_layout(loaded, spec)
-    fixed_sequence = not loaded.recipe.inputs.dims[sequence_name].dynamic
+    sequence, batch_size = _sequence_dim(loaded), _batch_size(loaded, spec)
+    fixed_sequence, longest = not sequence.dynamic, sequence.max if sequence.dynamic else sequence.size
     batches = []
     for start in range(0, len(texts), batch_size):
         chunk = _filled(texts[start : start + batch_size], batch_size, texts)
@@ -152,7 +158,7 @@ def _tensor_batches(loaded: LoadedRecipe, spec: AccuracySpec) -> AccuracyData:
     if missing:
         raise loaded.error(("validate", "accuracy", "data"), f"{path} holds no tensor for input(s) {', '.join(missing)}")
     count = tensors[names[0]].shape[0]
-    _, _, batch_size, _ = _batch_layout(loaded, spec) if len(loaded.recipe.inputs.tensors[0].shape) == 2 else (None, None, spec.batch_size, None)
+    batch_size = _batch_size(loaded, spec)
     device = loaded.recipe.model.device
     batches = [{name: tensors[name][start : start + batch_size].to(device) for name in names} for start in range(0, count, batch_size)]
     return AccuracyData(batches=batches, examples=count, source=spec.data)

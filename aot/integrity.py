@@ -33,8 +33,10 @@ class IntegrityReport:
     def files_checked(self) -> int:
         return len(self.manifest["artifacts"])
 
-    def sha256_of(self, relative: str) -> str:
-        return self.manifest["artifacts"][relative]["sha256"]
+    def sha256_of(self, relative: str) -> str | None:
+        """The recorded sha256 of ``relative``; None when the build has no such file."""
+        listed = self.manifest["artifacts"].get(relative)
+        return listed["sha256"] if listed else None
 
 
 def verify_directory(directory: str | Path, expect_sha256: str | None = None) -> IntegrityReport:

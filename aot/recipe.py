@@ -82,28 +82,36 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     return loaded
 
 
-def _check_accuracy_gate(loaded: LoadedRecipe) -> None:
-    """A pass that changes the computation is judged by task metrics, so the recipe must name them (and their data)."""
+def passes_changing_computation(loaded: LoadedRecipe) -> list[tuple[Location, PassSpec]]:
+    """The recipe's passes (either pipeline) that do not preserve the computation, with where the recipe names them."""
     from aot.passes import registry
 
-    accuracy = loaded.recipe.validate_.accuracy
     steps = [(("passes", i), spec) for i, spec in enumerate(loaded.passes)]
     steps += [(("export", "graph_module", "passes", i), spec) for i, spec in enumerate(loaded.graph_module_passes)]
-    for location, spec in steps:
-        if not registry.get(spec.name).cls.preserves_computation and accuracy is None:
-            raise loaded.error(
-                location,
-                f"pass '{spec.name}' changes the computation (it does not preserve it): add validate.accuracy with "
-                "the data and the metric thresholds every artifact must reach",
-            )
+    return [(location, spec) for location, spec in steps if not registry.get(spec.name).cls.preserves_computation]
+
+
+def _check_accuracy_gate(loaded: LoadedRecipe) -> None:
+    """A pass that changes the computation is judged by task metrics, so the recipe must name them (and their data)."""
+    accuracy = loaded.recipe.validate_.accuracy
+    changing = passes_changing_computation(loaded)
+    if changing and accuracy is None:
+        location, spec = changing[0]
+        raise loaded.error(
+            location,
+            f"pass '{spec.name}' changes the computation (it does not preserve it): add validate.accuracy with "
+            "the data and the metric thresholds every artifact must reach",
+        )
     if accuracy is None:
         return
     if accuracy.data == "texts":
         if not loaded.recipe.inputs.texts:
             raise loaded.error(("validate", "accuracy", "data"), "`texts` names inputs.texts, which this recipe does not give")
-    elif not accuracy_data_path(loaded).is_file():
-        raise loaded.error(("validate", "accuracy", "data"), f"data file not found: {accuracy_data_path(loaded)}")
-    elif accuracy_data_path(loaded).suffix not in (".txt", ".jsonl", ".safetensors"):
+        return
+    path = accuracy_data_path(loaded)
+    if not path.is_file():
+        raise loaded.error(("validate", "accuracy", "data"), f"data file not found: {path}")
+    if path.suffix not in (".txt", ".jsonl", ".safetensors"):
         raise loaded.error(("validate", "accuracy", "data"), "a data file is .txt, .jsonl or .safetensors")
 
 

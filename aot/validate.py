@@ -37,7 +37,7 @@ from aot.manifest import MANIFEST_NAME
 from aot.memory import release_freed_memory
 from aot.models import forward_parameters, load_model
 from aot.outputs import flatten_outputs
-from aot.recipe import LoadedRecipe, load_recipe
+from aot.recipe import LoadedRecipe, load_recipe, passes_changing_computation
 from aot.recipe_schema import Tolerance, ValidateSpec
 from aot.stages import Progress, Stages
 
@@ -230,9 +230,7 @@ def bisect_gate(loaded: LoadedRecipe, first_inputs: dict[str, Any], gate: Gate) 
 
 def changes_computation(loaded: LoadedRecipe) -> bool:
     """Whether a pass of the recipe does not preserve the computation (its artifacts are then gated)."""
-    from aot.passes import registry
-
-    return any(not registry.get(spec.name).cls.preserves_computation for spec in loaded.passes + loaded.graph_module_passes)
+    return bool(passes_changing_computation(loaded))
 
 
 def validate_graph(

@@ -42,7 +42,7 @@ import numpy as np
 
 from aot.bench.worker import RunnerHost, RunnerSpec
 from aot.errors import AotError, RecipeError
-from aot.integrity import IntegrityReport, verify_directory
+from aot.integrity import verify_directory
 from aot.recipe import LoadedRecipe
 from aot.stages import Progress, Stages
 from aot.validate import recipe_of_build
@@ -151,7 +151,7 @@ def bench(
     names = [name for name in ARTIFACT_RUNNERS if _artifact_present(directory, name)] + list(peers)
     with tempfile.TemporaryDirectory(prefix="aot-bench-") as workdir, _hosts(in_process) as start:
         spec = RunnerSpec(build=str(directory), runner="", threads=threads, workdir=workdir, shapes=shapes,
-                          module_sha256=_module_sha256(integrity), shared_process=in_process)
+                          module_sha256=integrity.sha256_of("graph_module/module.py"), shared_process=in_process)
         hosts: dict[str, Any] = {}
         for name in names:  # one after the other: eager first, since it makes the inputs the others read
             with stage(f"load {name}"):
@@ -181,11 +181,6 @@ def _artifact_present(directory: Path, runner: str) -> bool:
     return runner == "eager" or (runner == "graph_module" and (directory / "graph_module").is_dir()) or (
         runner == "onnx" and (directory / "model.onnx").is_file()
     )
-
-
-def _module_sha256(integrity: IntegrityReport) -> str | None:
-    listed = integrity.manifest["artifacts"].get("graph_module/module.py")
-    return listed["sha256"] if listed else None
 
 
 @contextlib.contextmanager
