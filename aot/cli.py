@@ -247,7 +247,7 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--threads", type=int, help="Intra-op threads for torch and ONNX Runtime (default: torch's).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=str), help="Also draw the speedups as a PNG chart.")
-@click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'all' (+ torch.compile freezing) or a comma list.")
+@click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'int8' (ONNX Runtime's and torch.ao's dynamic int8 quantisation), 'all' (both, + torch.compile freezing), peers' names, or a comma list of these.")
 @click.option("--gap-ms", default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")
 @click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
 @_EXPECT_SHA256
@@ -257,14 +257,13 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
     """Time eager, the saved GraphModule and ONNX Runtime, each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
-    from aot.bench.peers import ALL_PEERS, ONNX_PEERS
+    from aot.bench.peers import peer_names
 
     grid = _parse_grid(shapes)
-    groups = {"": (), "onnx": ONNX_PEERS, "all": ALL_PEERS}
-    wanted = groups[peers] if peers in groups else tuple(p.strip() for p in peers.split(","))
-    unknown = [p for p in wanted if p not in ALL_PEERS]
-    if unknown:
-        raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(ALL_PEERS)}", param_hint="--peers")
+    try:
+        wanted = peer_names(peers)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--peers") from error
 
     def run(progress: _StderrProgress) -> Any:
         from aot.bench import bench

@@ -9,6 +9,10 @@ times it (:mod:`aot.bench.worker`), in the same run as aot's artifacts:
   optimizer (attention / skip-layernorm / bias-gelu fusions; Optimum's O2);
 - ``ort_dynamo``: ``torch.onnx.export(dynamo=True)`` as it comes;
 - ``ort_dynamo_fused``: that model through onnxscript's ``optimize_for_ort`` fusions;
+- ``ort_quantize_dynamic``: the ``ort_torchscript`` model dynamically quantised to int8 by ONNX
+  Runtime's quantiser, as ``optimum-cli onnxruntime quantize --avx512_vnni`` does it;
+- ``torch_ao_dynamic``: the eager model's ``nn.Linear`` layers dynamically quantised to int8 by
+  ``torch.ao.quantization`` (the int8 peers: :mod:`aot.bench.int8_peers`);
 - ``torch_compile_freezing``: ``torch.compile`` with inductor freezing (opt-in:
   it compiles for tens of seconds per shape; the bench reports the first call's time).
 
@@ -25,12 +29,28 @@ from typing import Any
 
 import torch
 
+from aot.bench.int8_peers import quantize_onnx_dynamic, quantize_torch_dynamic
+
 log = logging.getLogger(__name__)
 
 ONNX_PEERS = ("ort_torchscript", "ort_torchscript_fused", "ort_dynamo", "ort_dynamo_fused")
-ALL_PEERS = ONNX_PEERS + ("torch_compile_freezing",)
+INT8_PEERS = ("ort_quantize_dynamic", "torch_ao_dynamic")
+ALL_PEERS = ONNX_PEERS + INT8_PEERS + ("torch_compile_freezing",)
+# The names ``--peers`` takes besides the peers' own.
+PEER_GROUPS = {"": (), "onnx": ONNX_PEERS, "int8": INT8_PEERS, "all": ALL_PEERS}
 
 Runner = Callable[[dict[str, torch.Tensor]], Any]
+
+
+def peer_names(text: str) -> tuple[str, ...]:
+    """The peers ``--peers text`` names, in order, once each: a comma list of peers and groups of :data:`PEER_GROUPS`."""
+    items = [item.strip() for item in text.split(",")]
+    wanted = tuple(dict.fromkeys(peer for item in items for peer in PEER_GROUPS.get(item, (item,))))
+    unknown = [name for name in wanted if name not in ALL_PEERS]
+    if unknown:
+        groups = ", ".join(group for group in PEER_GROUPS if group)
+        raise ValueError(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(ALL_PEERS)} (groups: {groups})")
+    return wanted
 
 
 def _quietly(action: Callable[[], Any]) -> Any:
@@ -56,8 +76,11 @@ def _export(model: torch.nn.Module, inputs: dict[str, torch.Tensor], axes: dict[
             def forward(self, *args: torch.Tensor) -> Any:
                 return self.inner(**dict(zip(names, args)), return_dict=False)
 
+        # The exporter puts the module it is given back in its own mode afterwards, and puts its
+        # submodules in that mode too: a wrapper left in training mode would leave the eager model there.
+        wrapper = Positional(model).train(model.training)
         torch.onnx.export(
-            Positional(model), tuple(inputs.values()), str(path), dynamo=False, input_names=names,
+            wrapper, tuple(inputs.values()), str(path), dynamo=False, input_names=names,
             dynamic_axes={name: {axis: dim for axis, dim in axes.get(name, {}).items()} for name in names}, opset_version=17,
         )
 
@@ -103,8 +126,9 @@ _ONNX_FILES = {
     "ort_torchscript_fused": "torchscript_fused.onnx",
     "ort_dynamo": "dynamo.onnx",
     "ort_dynamo_fused": "dynamo_fused.onnx",
+    "ort_quantize_dynamic": "torchscript_int8.onnx",
 }
-_BUILT_ON = {"ort_torchscript_fused": "ort_torchscript", "ort_dynamo_fused": "ort_dynamo"}
+_BUILT_ON = {"ort_torchscript_fused": "ort_torchscript", "ort_dynamo_fused": "ort_dynamo", "ort_quantize_dynamic": "ort_torchscript"}
 
 
 def write_peer_onnx(
@@ -121,6 +145,7 @@ def write_peer_onnx(
         "ort_torchscript_fused": lambda: _ort_fuse(source, path, model.config),
         "ort_dynamo": lambda: _export(model, inputs, axes, path, dynamo=True),
         "ort_dynamo_fused": lambda: _onnxscript_fuse(source, path),
+        "ort_quantize_dynamic": lambda: quantize_onnx_dynamic(source, path),
     }
     _quietly(steps[peer])
     return path
@@ -137,5 +162,8 @@ def build_peer(
         inductor_config.freezing = True
         compiled = torch.compile(model)
         return lambda inputs: compiled(**inputs)
+    if peer == "torch_ao_dynamic":
+        quantized = quantize_torch_dynamic(model)
+        return lambda inputs: quantized(**inputs)
     workdir.mkdir(parents=True, exist_ok=True)
     return session_runner(write_peer_onnx(peer, model, inputs, axes, workdir), threads, spinning)
