@@ -7,6 +7,7 @@
 - Output names are :func:`aot.outputs.flatten_outputs` names of the graph's output.
 - Weights go to one external data file ``<name>.data`` beside the model when
   the model would pass protobuf's 2 GiB limit.
+- ``aot.runtime.Int8DynamicLinear`` layers become ONNX's int8 ops (:mod:`aot.export.onnx_int8`).
 - Reproducible: node stack traces (file paths, line numbers) are dropped; nothing
   else the exporter writes varies between two exports of the same graph.
 - Written all or nothing and checked (``onnx.checker``, full check) by
@@ -34,6 +35,7 @@ from aot.tracing.source_location import raised_at
 
 from .onnx_files import first_line, step_errors, write_checked
 from .onnx_float16 import convert_to_float16
+from .onnx_int8 import lower_int8_linears
 from .ort_fusions import Target, fuse_for_ort
 
 logger = logging.getLogger(__name__)
@@ -97,7 +99,8 @@ def write_onnx(
     inputs = _ordered_inputs(gm, example_inputs)
     output_names = output_names or _output_names(gm, inputs)
     dynamic_shapes = _dynamic_shapes(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
-    program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize)
+    gm, translations = lower_int8_linears(gm)
+    program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations)
     produced_opset = program.model.opset_imports.get("", None)
     if produced_opset != opset:
         raise ExportError(
@@ -189,7 +192,7 @@ def quiet_exporter_logs():
         registration.setLevel(level)
 
 
-def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize):
+def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations):
     try:
         # Quieted here, not by the caller: the build runs this in a forked child, whose stderr is
         # the terminal. quiet_torch comes second, so that it holds the registration logger too.
@@ -202,6 +205,7 @@ def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimiz
                 output_names=output_names,
                 opset_version=opset,
                 dynamo=True,
+                custom_translation_table=translations or None,
                 external_data=True,
                 optimize=optimize,
                 verify=False,

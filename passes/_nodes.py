@@ -99,3 +99,9 @@ def bypass(graph_module: GraphModule, node: Node, source: Node) -> None:
     replace_with(node, source)
     if node.op == "call_module":
         delete_if_unreferenced(graph_module, str(node.target))
+
+
+def called_on_one_input(node: Node) -> bool:
+    """Whether a module call passes exactly one node, positionally or as ``input=``, as ``nn.Linear`` takes it."""
+    operands = list(node.args) + list(node.kwargs.values())
+    return len(operands) == 1 and isinstance(operands[0], Node) and not set(node.kwargs) - {"input"}

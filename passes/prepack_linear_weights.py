@@ -49,7 +49,7 @@ from torch.fx import GraphModule, Node
 from aot.runtime.onednn_linear import OneDNNLinear
 
 from ._modules import delete_if_unreferenced, set_submodule
-from ._nodes import inherit_provenance
+from ._nodes import called_on_one_input, inherit_provenance
 from .base import ReversibleTransformation
 from .registry import register_pass
 from .rule import Match, RewriteRule
@@ -109,7 +109,7 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
         where = f"layer '{layer.target}' ({', '.join(node.name for node in layer.nodes)})"
         if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
             return Match.fail(f"{where}: the layer is a subclass of nn.Linear or has hooks")
-        if not all(_called_on_one_input(node) for node in layer.nodes):
+        if not all(called_on_one_input(node) for node in layer.nodes):
             return Match.fail(f"{where}: unexpected call arguments at one of the layer's call sites")
         if module.weight.dtype not in _PACKABLE_DTYPES or (module.bias is not None and module.bias.dtype != module.weight.dtype):
             return Match.fail(f"{where}: weights are {module.weight.dtype}, oneDNN packing is for float32/bfloat16")
@@ -167,11 +167,6 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
                     user.replace_input_with(node, activation_node)
             self.mark_as_restored(node)
         return graph_module
-
-
-def _called_on_one_input(node: Node) -> bool:
-    operands = list(node.args) + list(node.kwargs.values())
-    return len(operands) == 1 and isinstance(operands[0], Node) and not set(node.kwargs) - {"input"}
 
 
 def _activation_after(graph_module: GraphModule, node: Node) -> Match[tuple[Node, str]]:

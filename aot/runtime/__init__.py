@@ -5,6 +5,7 @@ that an artifact writer can copy its source into a saved, torch-only
 ``module.py``.
 """
 
+from .int8_linear import Int8DynamicLinear
 from .onednn_linear import OneDNNLinear
 
-__all__ = ["OneDNNLinear"]
+__all__ = ["Int8DynamicLinear", "OneDNNLinear"]
