@@ -20,6 +20,7 @@ BUILD = textwrap.dedent(
     import torch
 
     from aot.export import save_graph_module, write_onnx
+    from aot.passes import QuantizeLinearInt8
     from tests.export import models
 
     out = Path(sys.argv[1])
@@ -29,10 +30,11 @@ BUILD = textwrap.dedent(
         "convnet_fx": torch.fx.symbolic_trace(models.convnet()),
         "bert_fx": models.fx_graph(bert, ["input_ids", "attention_mask"]),
         "bert_export": models.export_graph(bert, example, models.TEXT_DIMS),
+        "bert_int8": QuantizeLinearInt8(activations="per_token")(models.fx_graph(bert, ["input_ids", "attention_mask"])),
     }
     for name, gm in graphs.items():
         save_graph_module(gm, out / name)
-    for name in ("bert_fx", "bert_export"):
+    for name in ("bert_fx", "bert_export", "bert_int8"):
         write_onnx(graphs[name], out / f"{name}.onnx", example, models.TEXT_DIMS)
     """
 )
@@ -79,6 +81,10 @@ def test_two_processes_write_identical_bytes(tmp_path):
         "bert_fx/meta.json",
         "bert_fx/module.py",
         "bert_fx/weights.safetensors",
+        "bert_int8.onnx",
+        "bert_int8/meta.json",
+        "bert_int8/module.py",
+        "bert_int8/weights.safetensors",
         "convnet_fx/meta.json",
         "convnet_fx/module.py",
         "convnet_fx/weights.safetensors",
