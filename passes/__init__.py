@@ -9,6 +9,7 @@ pass module for the graph before and after and the math.
 from . import registry
 from .approximate_gelu import ApproximateGelu
 from .base import PassResult, ReversibleTransformation, Transformation
+from .cast_precision import CastPrecision
 from .change_true_div_to_mul_by_inverse import ChangeTrueDivToMulByInverse
 from .compose import compose
 from .dead_code_elimination import DeadCodeElimination
@@ -28,6 +29,7 @@ from .rule import Match, RewriteRule
 
 __all__ = [
     "ApproximateGelu",
+    "CastPrecision",
     "ChangeTrueDivToMulByInverse",
     "DeadCodeElimination",
     "DeepCopy",

@@ -36,6 +36,8 @@ def _needs_cuda(name: str) -> bool:
 
 # The CUDA recipes build where torch sees a GPU; elsewhere tests/test_recipe.py checks they fail cleanly.
 BUILDABLE = [name for name in SHIPPED if torch.cuda.is_available() or not _needs_cuda(name)]
+# bert_bf16.yaml ships no ONNX model: ONNX Runtime's CPU provider has no bfloat16 kernels.
+WITH_ONNX = [name for name in BUILDABLE if load_recipe(RECIPES_DIR / name).recipe.export.onnx.enabled]
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +85,8 @@ def test_manifest_reports_validation_at_three_shapes(builds, name):
     manifest = json.loads((builds[name] / "manifest.json").read_text())
     validation = manifest["validation"]
     assert validation, "the manifest must hold validation figures"
-    for artifact in ("graph", "graph_module", "onnx"):
+    assert (builds[name] / "model.onnx").exists() == (name in WITH_ONNX)
+    for artifact in ("graph", "graph_module", "onnx") if name in WITH_ONNX else ("graph", "graph_module"):
         shapes = {v["shape"] for v in validation if v["artifact"] == artifact}
         assert len(shapes) >= 3, f"{artifact}: {shapes}"
     assert all(v["ok"] for v in validation)
@@ -112,7 +115,7 @@ def test_saved_graph_module_runs_without_aot_or_transformers(builds, name, tmp_p
         assert comparison.ok, comparison.summary()
 
 
-@pytest.mark.parametrize("name", BUILDABLE)
+@pytest.mark.parametrize("name", WITH_ONNX)
 def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
     path = builds[name] / "model.onnx"
     onnx.checker.check_model(str(path), full_check=True)
