@@ -20,6 +20,7 @@ from .fuse_bias_in_linear import FuseBiasInLinear
 from .lint_and_recompile import LintAndRecompile
 from .merge_linears import MergeLinears
 from .prepack_linear_weights import PrepackLinearWeights
+from .quantize_linear_int8 import QuantizeLinearInt8
 from .registry import PassInfo, register_pass
 from .remove_dropout import RemoveDropout
 from .remove_identity import RemoveIdentity
@@ -42,6 +43,7 @@ __all__ = [
     "PassInfo",
     "PassResult",
     "PrepackLinearWeights",
+    "QuantizeLinearInt8",
     "RemoveDropout",
     "RemoveIdentity",
     "RemoveRedundantCasts",

@@ -75,7 +75,7 @@ class QuantizeLinearInt8(RewriteRule):
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
         skip: list[str] = Field(
-            default_factory=list,
+            default=[],  # pydantic copies it per instance; a literal default is what `aot passes` prints
             description="fnmatch patterns on module paths (e.g. '*.pooler.*', 'classifier') of linear layers to keep in float32.",
         )
         per_channel: bool = Field(default=True, description="One weight scale per output channel (true) or one for the whole weight (false).")

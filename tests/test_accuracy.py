@@ -102,15 +102,26 @@ def test_a_met_gate_is_recorded_per_artifact(tmp_path, write_recipe):
     assert {entry["artifact"] for entry in json.loads(result.stdout)["accuracy"]} == {"onnx", "graph_module"}
 
 
+def _non_preserving_passes() -> list[str]:
+    from aot.passes import registry
+
+    return [info.name for info in registry.all_passes() if not info.preserves_computation and info.supports("fx")]
+
+
+def test_there_are_passes_that_change_the_computation():
+    assert "approximate_gelu" in _non_preserving_passes()  # else the test below would run for nothing
+
+
 @pytest.mark.slow
-def test_a_failed_gate_names_artifact_metric_threshold_and_pass(tmp_path, write_recipe):
+@pytest.mark.parametrize("pass_name", _non_preserving_passes())
+def test_a_failed_gate_names_artifact_metric_threshold_and_pass(tmp_path, write_recipe, pass_name):
     _write_data(tmp_path)
-    recipe = write_recipe(GATED.replace("COSINE_MEAN", "1.0"))
+    recipe = write_recipe(GATED.replace("approximate_gelu", pass_name).replace("COSINE_MEAN", "1.0"))
     result = run_aot("build", recipe, "-o", tmp_path / "out", cwd=tmp_path)
     assert result.returncode == 5, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert "graph: accuracy gate: cosine_mean" in lines[0] and "below 1" in lines[0], lines[0]
-    assert "first failed after pass 'approximate_gelu' (step 2)" in lines[0], lines[0]
+    assert f"first failed after pass '{pass_name}' (step 2)" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if ".aot-tmp-" in p.name]
