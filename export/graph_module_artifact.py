@@ -61,8 +61,11 @@ def save_graph_module(gm: torch.fx.GraphModule, directory: Path) -> list[Path]:
     return paths
 
 
-def load_standalone(directory: Path, expected_sha256: str | None = None) -> torch.nn.Module:
+def load_standalone(directory: Path, expected_sha256: str | None = None, *, keep_freed_memory: bool = True) -> torch.nn.Module:
     """Run ``module.py`` of a saved artifact as users do (``runpy.run_path(...)["load"](directory)``).
+
+    ``keep_freed_memory``: what ``load`` does to this process's malloc (see ``module.py``); the
+    build turns it off, so its own memory is returned as before.
 
     ``expected_sha256``: the digest the manifest recorded. The text is hashed as it is read and
     only that text runs, so no one can swap the file between the check and the execution.
@@ -80,7 +83,7 @@ def load_standalone(directory: Path, expected_sha256: str | None = None) -> torc
     namespace = {"__name__": "<run_path>", "__file__": str(module_path)}
     try:
         exec(compile(source, str(module_path), "exec"), namespace)  # noqa: S102 (checked above; what users run)
-        return namespace["load"](str(directory))
+        return namespace["load"](str(directory), keep_freed_memory=keep_freed_memory)
     except Exception as error:
         raise ExportError(f"{module_path}: cannot load the saved model: {type(error).__name__}: {error}") from None
 

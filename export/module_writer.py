@@ -293,8 +293,14 @@ def _indent(text: str, levels: int) -> str:
 
 
 _LOAD_FUNCTION = f'''
-def load(directory=None):
-    """Build the model on the meta device, then fill it with the weights saved beside this file."""
+def load(directory=None, keep_freed_memory=True):
+    """Build the model on the meta device, then fill it with the weights saved beside this file.
+
+    ``keep_freed_memory``: set this process's malloc to keep freed blocks for reuse (see
+    ``keep_freed_memory_for_reuse`` above: large activations then stop page-faulting on every call).
+    """
+    if keep_freed_memory:
+        keep_freed_memory_for_reuse()
     directory = os.path.dirname(os.path.abspath(__file__)) if directory is None else os.fspath(directory)
     with torch.device("meta"), skip_weight_init():
         model = Model()

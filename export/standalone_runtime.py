@@ -28,6 +28,7 @@ rewritten in place, or pages not yet read would come from the new bytes.
 
 # --- runtime ---
 import collections
+import ctypes
 import json
 import os
 import sys
@@ -274,6 +275,35 @@ def load_weights(model, path, aliases, constants):
     if missing:
         raise RuntimeError(f"{os.path.basename(path)} holds no tensor for {', '.join(missing)}")
     return model
+
+
+# glibc mallopt parameters (malloc.h), and the values keep_freed_memory_for_reuse sets
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's upper limit for it on 64-bit machines
+_TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
+
+
+def keep_freed_memory_for_reuse():
+    """Have glibc's malloc keep freed blocks of up to 32 MiB for reuse; return whether it took.
+
+    With glibc's defaults a large tensor (a 1024 x 3072 float32 activation is 12 MiB) may be
+    mapped fresh from the kernel on every call and unmapped when freed, and each of its pages
+    then faults on first touch. Measured on BERT-base int8 at batch 8 (AMD EPYC, 2 threads):
+    1.13 million minor page faults over 15 calls and 279-300 ms a call, against 0.10 million
+    and 178-206 ms with this set; batch 1 is unchanged. The setting is process-wide and lasts:
+    memory freed below 1 GiB at the top of the heap is kept for this process rather than
+    returned, so resident memory stays near its peak. Elsewhere than glibc it does nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False  # a C library without mallopt
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
 
 
 class skip_weight_init:
