@@ -11,8 +11,15 @@ work. On top of that:
   pass's own counts; ``notes`` give the reason for each miss.
 - Marks live in ``node.meta`` as JSON values, never as node attributes, so a
   GraphModule saved and reloaded with its ``node.meta`` can still be reversed:
-  ``node.meta["aot_transforms"]`` lists the names of the passes that transformed
-  the node and ``node.meta["aot_reverse"][name]`` holds what ``reverse`` needs.
+  ``node.meta["aot_transforms"]`` lists the signatures of the passes that
+  transformed the node and ``node.meta["aot_reverse"][signature]`` holds what
+  ``reverse`` needs.
+- Marks belong to a transformation with its options, as Optimum keeps them per
+  ``signature`` (class and attributes): ``signature`` is the pass's name, followed
+  by the options that differ from their defaults as JSON (``merge_linears`` or
+  ``merge_linears({"min_group_size":3})``). A pass with other options does not take
+  another's marks for its own; an equal one (after a save and load, in another
+  process) does: the text is stable, never Python's ``hash``.
 - Options are a pydantic model (``Options``) declared per pass; unknown keys are
   rejected.
 - A pass that raises, returns something else than a GraphModule or leaves an
@@ -144,6 +151,18 @@ class Transformation(ABC):
 
     # -- the reference API -------------------------------------------------------------
 
+    @property
+    def signature(self) -> str:
+        """This transformation with its options: its name, and the options that differ from the defaults."""
+        fields = type(self.options).model_fields
+        dumped = self.options.model_dump(mode="json")
+        changed = {
+            name: dumped[name]
+            for name, spec in fields.items()
+            if spec.is_required() or getattr(self.options, name) != spec.get_default(call_default_factory=True)
+        }
+        return f"{self.name}({json.dumps(changed, sort_keys=True, separators=(',', ':'))})" if changed else self.name
+
     @abstractmethod
     def transform(self, graph_module: GraphModule) -> GraphModule:
         """Transforms ``graph_module`` (in place where possible) and returns it."""
@@ -154,12 +173,12 @@ class Transformation(ABC):
     def mark_as_transformed(self, node: Node) -> None:
         """Marks ``node`` as transformed by this transformation (in ``node.meta``)."""
         marks = node.meta.setdefault(TRANSFORMS_KEY, [])
-        if self.name not in marks:
-            marks.append(self.name)
+        if self.signature not in marks:
+            marks.append(self.signature)
 
     def transformed(self, node: Node) -> bool:
         """Whether ``node`` was transformed by this transformation."""
-        return self.name in node.meta.get(TRANSFORMS_KEY, ())
+        return self.signature in node.meta.get(TRANSFORMS_KEY, ())
 
     def get_transformed_nodes(self, graph_module: GraphModule) -> list[Node]:
         """The nodes of ``graph_module`` this transformation has transformed."""
@@ -209,10 +228,10 @@ class Transformation(ABC):
             json.dumps(info)
         except TypeError as error:
             raise PassFailure(self.name, f"it tried to store non-JSON reverse data on node '{node.name}': {error}") from error
-        node.meta.setdefault(REVERSE_KEY, {})[self.name] = info
+        node.meta.setdefault(REVERSE_KEY, {})[self.signature] = info
 
     def reverse_info(self, node: Node) -> dict[str, Any]:
-        info = node.meta.get(REVERSE_KEY, {}).get(self.name)
+        info = node.meta.get(REVERSE_KEY, {}).get(self.signature)
         if info is None:
             raise PassFailure(self.name, f"node '{node.name}' is marked as transformed by it but holds no reverse data")
         return info
@@ -242,13 +261,13 @@ class ReversibleTransformation(Transformation):
     def mark_as_restored(self, node: Node) -> None:
         """Marks ``node`` as restored to its original state: drops this pass's mark and reverse data."""
         marks = node.meta.get(TRANSFORMS_KEY, [])
-        if self.name not in marks:
-            raise ValueError(f"node '{node.name}' was not transformed by '{self.name}'")
-        marks.remove(self.name)
+        if self.signature not in marks:
+            raise ValueError(f"node '{node.name}' was not transformed by '{self.signature}'")
+        marks.remove(self.signature)
         if not marks:
             del node.meta[TRANSFORMS_KEY]
         reverse = node.meta.get(REVERSE_KEY, {})
-        reverse.pop(self.name, None)
+        reverse.pop(self.signature, None)
         if REVERSE_KEY in node.meta and not reverse:
             del node.meta[REVERSE_KEY]
 

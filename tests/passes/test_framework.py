@@ -105,6 +105,49 @@ def test_marks_survive_save_and_reload_so_reverse_still_works():
     assert_matches_eager(model, reloaded, randn_sets((2, 4), (3, 4), (5, 1, 4)))
 
 
+class ScaleMulBy(ReversibleTransformation):
+    """Multiplies the constant of each multiplication by ``factor``: one class, several instances."""
+
+    class Options(Transformation.Options):
+        factor: float = 2.0
+
+    def transform(self, graph_module):
+        for node in graph_module.graph.nodes:
+            if node.op == "call_function" and node.target == operator.mul and not self.transformed(node):
+                node.args = (node.args[0], node.args[1] * self.options.factor)
+                self.mark_as_transformed(node)
+                self.save_reverse_info(node, {"factor": self.options.factor})
+        return graph_module
+
+    def reverse(self, graph_module):
+        for node in self.get_transformed_nodes(graph_module):
+            node.args = (node.args[0], node.args[1] / self.reverse_info(node)["factor"])
+            self.mark_as_restored(node)
+        return graph_module
+
+
+def test_marks_belong_to_the_transformation_with_its_options():
+    """As Optimum's per-instance signature: a pass with other options does not take another's marks."""
+    assert ScaleMulBy().signature == "scale_mul_by" == ScaleMulBy(factor=2.0).signature
+    assert ScaleMulBy(factor=5.0).signature == 'scale_mul_by({"factor":5.0})'
+    graph_module = fx_graph(Scale(), torch.randn(2))
+
+    ScaleMulBy(factor=5.0)(graph_module)
+    ScaleMulBy()(graph_module)  # another instance: not stopped by the first one's mark
+
+    [node] = [n for n in graph_module.graph.nodes if n.op == "call_function"]
+    assert node.meta[TRANSFORMS_KEY] == ['scale_mul_by({"factor":5.0})', "scale_mul_by"]
+    assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 30.0))
+    assert ScaleMulBy(factor=5.0).transformed(node) and not ScaleMulBy(factor=3.0).transformed(node)
+
+    ScaleMulBy(factor=5.0)(graph_module, reverse=True)  # an equal instance reverses its own marks only
+    assert node.meta[TRANSFORMS_KEY] == ["scale_mul_by"]
+    assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 6.0))
+    ScaleMulBy()(graph_module, reverse=True)
+    assert TRANSFORMS_KEY not in node.meta and REVERSE_KEY not in node.meta
+    assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 3.0))
+
+
 def test_a_failing_transform_raises_pass_error_naming_the_pass():
     class Broken(Transformation):
         def transform(self, graph_module):

@@ -51,14 +51,15 @@ def test_float32_linears_become_int8_and_skipped_or_float64_ones_are_noted():
     graph_module = fx_graph(Layers().eval(), torch.randn(2, 16))
     assert call_targets(graph_module)["Linear"] == 6, "precondition: five layers, one called twice"
 
-    result = QuantizeLinearInt8(skip=["classifier"]).apply(graph_module)
+    quantize = QuantizeLinearInt8(skip=["classifier"])
+    result = quantize.apply(graph_module)
 
     assert set(_int8_layers(graph_module)) == {"dense", "no_bias", "twice"}
     assert result.changed == 4 and result.matched == 6, "the layer called twice counts both sites"
     assert type(graph_module.get_submodule("classifier")) is nn.Linear
     assert any("'classifier'" in note and "skip pattern 'classifier'" in note for note in result.notes), result.notes
     assert any("'wide'" in note and "torch.float64" in note for note in result.notes), result.notes
-    transformed = [node.name for node in QuantizeLinearInt8().get_transformed_nodes(graph_module)]
+    transformed = [node.name for node in quantize.get_transformed_nodes(graph_module)]
     assert sorted(transformed) == ["dense", "no_bias", "twice", "twice_1"]
 
 
