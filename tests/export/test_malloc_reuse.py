@@ -18,8 +18,16 @@ from . import models
 # glibc's defaults the freed 12 MiB blocks go back to the kernel and fault in again each time.
 CHILD = textwrap.dedent(
     """
-    import resource, runpy, sys
+    import ctypes, resource, runpy, sys
     import torch
+
+    libc = ctypes.CDLL(None)
+    # Transparent huge pages would count a 2 MiB page as one fault, as and when the kernel has one free:
+    # off, every 4 KiB page faults once, whatever else the machine does (PR_SET_THP_DISABLE = 41).
+    assert libc.prctl(41, 1, 0, 0, 0) == 0
+    # glibc raises its mmap threshold by itself as blocks are freed, more or less depending on what ran
+    # before: start both runs from its documented default, 128 KiB (M_MMAP_THRESHOLD = -3).
+    assert libc.mallopt(-3, 128 * 1024) == 1
 
     load = runpy.run_path(sys.argv[1] + "/module.py")["load"]
     load(sys.argv[1], keep_freed_memory=sys.argv[2] == "keep")
