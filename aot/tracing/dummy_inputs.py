@@ -1,7 +1,8 @@
 """Example inputs made from a model's config, for tracing when the caller gives none.
 
-Shapes are fixed (batch 2, text length 16, decoder length 8) and values come
-from a generator seeded with 0, so two runs trace the same thing. The tracer
+Shapes default to batch 2, text length 16, decoder length 8 (``symbolic_trace``
+checks the traced graph at a second shape, batch 3 and text length 11), and values
+come from a generator seeded with 0, so two runs trace the same thing. The tracer
 never specialises on these values; they only give the fake tensors their shapes
 and dtypes.
 """
@@ -81,7 +82,11 @@ def _labels_one_per_example(model: torch.nn.Module) -> bool:
     return _is_head(model, *_ONE_LABEL_PER_EXAMPLE)
 
 
-def make_dummy_inputs(model: torch.nn.Module, input_names: Sequence[str]) -> dict[str, torch.Tensor]:
+def make_dummy_inputs(
+    model: torch.nn.Module, input_names: Sequence[str], batch: int = BATCH, sequence: int = SEQUENCE
+) -> dict[str, torch.Tensor]:
+    """Inputs for ``input_names`` at ``batch`` x ``sequence`` (decoder inputs at half the length); batch >= 2."""
+    decoder_length = DECODER_SEQUENCE * sequence // SEQUENCE or 1
     config = getattr(model, "config", None)
     if config is None:
         raise TraceError(f"{type(model).__name__} has no config to make dummy inputs from; pass dummy_inputs")
@@ -90,41 +95,41 @@ def make_dummy_inputs(model: torch.nn.Module, input_names: Sequence[str]) -> dic
     vocab = getattr(text, "vocab_size", None) or 2
     inputs: dict[str, torch.Tensor] = {}
     for name in input_names:
-        length = DECODER_SEQUENCE if name.startswith("decoder_") else SEQUENCE
+        length = decoder_length if name.startswith("decoder_") else sequence
         if name in ("input_ids", "decoder_input_ids"):
-            inputs[name] = torch.randint(0, vocab, (BATCH, length), generator=generator)
+            inputs[name] = torch.randint(0, vocab, (batch, length), generator=generator)
         elif name == "labels" and _labels_one_per_example(model):
             classes = max(getattr(config, "num_labels", 2) or 2, 1)
-            inputs[name] = torch.randint(0, classes, (BATCH,), generator=generator)
+            inputs[name] = torch.randint(0, classes, (batch,), generator=generator)
         elif name == "labels":  # language modelling and token classification: one per token
             classes = vocab if not _is_head(model, "TOKEN_CLASSIFICATION") else max(getattr(config, "num_labels", 2) or 2, 1)
-            inputs[name] = torch.randint(0, classes, (BATCH, length), generator=generator)
+            inputs[name] = torch.randint(0, classes, (batch, length), generator=generator)
         elif name in ("start_positions", "end_positions"):  # question answering: a token index per example
-            inputs[name] = torch.randint(0, SEQUENCE, (BATCH,), generator=generator)
+            inputs[name] = torch.randint(0, sequence, (batch,), generator=generator)
         elif name in ("attention_mask", "decoder_attention_mask"):
-            mask = torch.ones(BATCH, length, dtype=torch.long)
+            mask = torch.ones(batch, length, dtype=torch.long)
             mask[1, length - 4:] = 0  # the second row is padded
             inputs[name] = mask
         elif name == "token_type_ids":
             types = max(getattr(text, "type_vocab_size", 1) or 1, 1)
-            inputs[name] = torch.randint(0, types, (BATCH, SEQUENCE), generator=generator)
+            inputs[name] = torch.randint(0, types, (batch, sequence), generator=generator)
         elif name in ("position_ids", "decoder_position_ids"):
-            inputs[name] = torch.arange(length).expand(BATCH, length).clone()
+            inputs[name] = torch.arange(length).expand(batch, length).clone()
         elif name == "pixel_values":
             vision = _sub_config(config, "vision_config")
             size = getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
             size = size if isinstance(size, int) else size[0]
             channels = getattr(vision, "num_channels", 3)
-            inputs[name] = torch.randn(BATCH, channels, size, size, generator=generator)
+            inputs[name] = torch.randn(batch, channels, size, size, generator=generator)
         elif name == "input_features":
             mel_bins = getattr(config, "num_mel_bins", 80)
             frames = 2 * getattr(config, "max_source_positions", 1500)
-            inputs[name] = torch.randn(BATCH, mel_bins, frames, generator=generator)
+            inputs[name] = torch.randn(batch, mel_bins, frames, generator=generator)
         elif name in ("inputs_embeds", "decoder_inputs_embeds", "encoder_hidden_states"):
             # ALBERT's embeddings are narrower than its hidden layers: inputs_embeds has embedding_size.
             width = "embedding_size" if name != "encoder_hidden_states" and getattr(text, "embedding_size", None) else "hidden_size"
             hidden = getattr(text, width, None) or getattr(text, "d_model")
-            inputs[name] = torch.randn(BATCH, length, hidden, generator=generator)
+            inputs[name] = torch.randn(batch, length, hidden, generator=generator)
         else:
             raise TraceError(f"cannot make a dummy value for input '{name}' of {type(model).__name__}; pass dummy_inputs")
     return inputs

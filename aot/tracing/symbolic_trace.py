@@ -11,7 +11,10 @@
 - the GraphModule owns copies of the modules, parameters and buffers it uses: the eager
   model is never touched, not even by a later ``gm.to(...)`` or an in-place pass;
 - ``gm.meta["trace_report"]`` says what was decided on traced values, what was baked in,
-  and what had to be restored on the model.
+  and what had to be restored on the model;
+- unless ``disable_check=True``, a graph traced on dummy inputs made here is checked
+  against the model at a second shape (:mod:`aot.tracing.shape_check`), and example inputs
+  with a size-0 or size-1 dimension are noted, since they can specialise the graph.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from aot.quiet import quiet_torch
 
 from .dummy_inputs import default_input_names, forward_parameters, make_dummy_inputs
 from .model_state import disable_hooked_forward, preserved_model_state
+from .shape_check import check_at_second_shape, specialising_sizes
 from .tracer import HFTracer
 
 logger = logging.getLogger(__name__)
@@ -205,11 +209,12 @@ def symbolic_trace(
     input_names = list(input_names) if input_names is not None else None
     if input_names is not None and not disable_check:
         _check_model(model, input_names, dummy_inputs)
-    if input_names is not None and dummy_inputs is None and is_hf:
+    made_dummy_inputs = input_names is not None and dummy_inputs is None and is_hf
+    if made_dummy_inputs:
         dummy_inputs = make_dummy_inputs(model, input_names)
 
     static_kwargs = dict(concrete_args or {}) if input_names is not None else {}
-    notes = []
+    notes = specialising_sizes(dummy_inputs) if dummy_inputs is not None and not made_dummy_inputs else []
     if is_hf and input_names is not None and "use_cache" in forward_parameters(model):
         if "use_cache" not in input_names and "use_cache" not in static_kwargs:
             static_kwargs["use_cache"] = False
@@ -239,6 +244,9 @@ def symbolic_trace(
         logger.debug("restored after tracing %s: %s", type(model).__name__, restored)
     _remove_unused_python_values(graph, tracer)
     gm = _build_graph_module(model, graph, tracer)
+    if made_dummy_inputs and not disable_check:  # what callers of the old API took the check to mean
+        with disable_hooked_forward(model), preserved_model_state(model):
+            notes.append(check_at_second_shape(model, gm, input_names, static_kwargs))
     gm.meta["trace_report"] = {
         "frontend": "fx",
         "model": type(model).__name__,
