@@ -80,11 +80,12 @@ def leaf_replacement(module: torch.nn.Module) -> LeafReplacement | None:
 
 
 def _rms_norm(module: torch.nn.Module) -> LeafReplacement | None:
-    """``torch.nn.RMSNorm`` for the many RMS norms of transformers (Llama, Mistral, T5, ...), checked numerically.
+    """``torch.nn.RMSNorm`` for the many RMS norms of transformers (Llama, Mistral, T5, Gemma...), checked numerically.
 
-    They all compute ``w ⊙ x / sqrt(mean(x²) + ε)``, but some differ in where they
-    cast or whether they scale by ``1 + w`` (Gemma), so a candidate is only used
-    when it reproduces the module's output on random float32 input.
+    They all compute ``g ⊙ x / sqrt(mean(x²) + ε)``: most with ``g = w``, Gemma's with
+    ``g = 1 + w`` (its weight starts at zero). Some also differ in where they cast, so a
+    candidate, ``w`` or else ``1 + w`` as the RMSNorm's weight, is only used when it
+    reproduces the module's output on random float32 input; the saved weight is that ``g``.
     """
     if type(module).__module__.startswith("torch."):
         return None  # torch's own classes are rebuilt by their constructor
@@ -92,19 +93,20 @@ def _rms_norm(module: torch.nn.Module) -> LeafReplacement | None:
     eps = next((getattr(module, name) for name in ("variance_epsilon", "eps") if isinstance(getattr(module, name, None), float)), None)
     if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 1 or eps is None:
         return None
-    candidate = torch.nn.RMSNorm(weight.shape[0], eps=eps, device=weight.device, dtype=weight.dtype)
+    for gain in (weight.detach(), weight.detach() + 1):
+        if _reproduces(module, torch.nn.RMSNorm(weight.shape[0], eps=eps, device=weight.device, dtype=weight.dtype), gain):
+            return LeafReplacement(constructor=f"torch.nn.RMSNorm({weight.shape[0]}, eps={eps!r})", tensors={"weight": gain})
+    return None
+
+
+def _reproduces(module: torch.nn.Module, candidate: torch.nn.RMSNorm, gain: torch.Tensor) -> bool:
     with torch.no_grad():
-        candidate.weight.copy_(weight)
-        probe = torch.randn(2, 3, weight.shape[0], generator=torch.Generator().manual_seed(0)).to(weight.device, weight.dtype)
+        candidate.weight.copy_(gain)
+        probe = torch.randn(2, 3, gain.shape[0], generator=torch.Generator().manual_seed(0)).to(gain.device, gain.dtype)
         try:
-            same = torch.allclose(candidate(probe), module(probe), rtol=1e-5, atol=1e-6)
+            return torch.allclose(candidate(probe), module(probe), rtol=1e-5, atol=1e-6)
         except Exception:  # a module that cannot even take the probe is no RMS norm
-            return None
-        if not same:
-            return None
-    return LeafReplacement(
-        constructor=f"torch.nn.RMSNorm({weight.shape[0]}, eps={eps!r})", tensors={"weight": weight.detach()}
-    )
+            return False
 
 
 def function_replacement(target) -> str | None:

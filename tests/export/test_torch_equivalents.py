@@ -40,8 +40,8 @@ def test_llama_rms_norms_become_torch_rms_norm_and_run_standalone(tmp_path):
             torch.testing.assert_close(flatten_outputs(raw)[name], value, atol=1e-5, rtol=1e-5)
 
 
-class ScaledByOnePlusWeight(torch.nn.Module):
-    """Gemma's form, 1 + w: not a torch.nn.RMSNorm with the same weight, so it must not pass as one."""
+class ScaledByTwoPlusWeight(torch.nn.Module):
+    """An RMS norm look-alike scaling by 2 + w: neither w nor 1 + w as an RMSNorm weight computes it."""
 
     def __init__(self, size: int):
         super().__init__()
@@ -49,20 +49,46 @@ class ScaledByOnePlusWeight(torch.nn.Module):
         self.eps = 1e-6
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (2 + self.weight)
 
 
 class UsesNorm(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.norm = ScaledByOnePlusWeight(8)
+        self.norm = ScaledByTwoPlusWeight(8)
 
     def forward(self, x):
         return self.norm(x)
 
 
 def test_rms_norm_lookalike_with_other_math_is_rejected(tmp_path):
-    gm = symbolic_trace(UsesNorm(), input_names=["x"], leaf_modules=(ScaledByOnePlusWeight,))
+    gm = symbolic_trace(UsesNorm(), input_names=["x"], leaf_modules=(ScaledByTwoPlusWeight,))
     assert any(n.op == "call_module" and n.target == "norm" for n in gm.graph.nodes)
     with pytest.raises(ExportError, match="node 'norm' calls module 'norm'.*no torch-only form"):
         save_graph_module(gm, tmp_path / "gm")
+
+
+def test_gemma_rms_norms_with_weight_offset_by_one_save_and_run_standalone(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, use_cache=False, attn_implementation="eager",
+    )
+    model = transformers.Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():  # Gemma's norm weights start at 0, where w and 1 + w differ most; give them values
+        for module in model.modules():
+            if type(module).__name__ == "Gemma2RMSNorm":
+                module.weight.uniform_(-0.5, 0.5)
+    gm = symbolic_trace(model, input_names=["input_ids", "attention_mask"])
+    norms = [n.target for n in gm.graph.nodes if n.op == "call_module" and type(gm.get_submodule(n.target)).__name__ == "Gemma2RMSNorm"]
+    assert norms, "precondition: the tracer keeps Gemma2's RMS norms as leaves"
+
+    save_graph_module(gm, tmp_path / "gm")
+    assert "import transformers" not in (tmp_path / "gm" / "module.py").read_text()
+    cases = [text_inputs(b, s) for b, s in ((2, 7), (1, 3), (3, 12))]
+    results = run_isolated({"gemma2": (tmp_path / "gm", cases)}, tmp_path)["gemma2"]
+    for inputs, raw in zip(cases, results):
+        with torch.no_grad():
+            expected = flatten_outputs(model(**inputs))
+        for name, value in expected.items():
+            torch.testing.assert_close(flatten_outputs(raw)[name], value, atol=1e-4, rtol=1e-4)
