@@ -20,9 +20,10 @@ only tensor operations are recorded, as ATen ops. The returned module is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ import torch.fx
 from aot.errors import TraceError
 from aot.quiet import quiet_torch
 
+from .dummy_inputs import forward_parameters
 from .model_state import disable_hooked_forward, preserved_model_state
 from .scope import Scope, qualified_type_name
 from .source_location import raised_at
@@ -99,6 +101,26 @@ def _scope_of(node: torch.fx.Node, root_scope: Scope) -> Scope:
     return Scope(path, str(module_type))
 
 
+@contextlib.contextmanager
+def _cache_off(model: torch.nn.Module, example_kwargs: Mapping[str, Any], notes: list[str]) -> Iterator[None]:
+    """``config.use_cache`` off while exporting, as the fx frontend traces ``use_cache=False``.
+
+    A decoder's forward returns its KV cache object by default, which is no tensor and
+    which ``torch.export`` cannot return; the inputs stay as given (a ``use_cache`` keyword
+    would become a graph input).
+    """
+    config = getattr(model, "config", None)
+    if "use_cache" in example_kwargs or not getattr(config, "use_cache", False) or "use_cache" not in forward_parameters(model):
+        yield
+        return
+    config.use_cache = False
+    notes.append("traced with use_cache=False")
+    try:
+        yield
+    finally:
+        config.use_cache = True
+
+
 def export_trace(
     model: torch.nn.Module,
     example_kwargs: dict[str, torch.Tensor],
@@ -110,7 +132,8 @@ def export_trace(
     if not isinstance(example_kwargs, Mapping) or not example_kwargs:
         raise TraceError(f"export_trace of {type(model).__name__} needs example_kwargs: a dict of input tensors")
     dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, dim_ranges)
-    with disable_hooked_forward(model), preserved_model_state(model) as restored:
+    notes = []
+    with disable_hooked_forward(model), preserved_model_state(model) as restored, _cache_off(model, example_kwargs, notes):
         try:
             with quiet_torch("torch.export"):
                 program = torch.export.export(
@@ -144,6 +167,7 @@ def export_trace(
         "decisions": [],
         "baked_constants": constants,
         "restored_attributes": restored,
+        "notes": notes,
         "num_nodes": len(gm.graph.nodes),
         "duration_s": round(time.perf_counter() - started, 4),
     }
