@@ -10,7 +10,10 @@ every axis that uses it. Ranges: ``dim_ranges[name] = (min, max)`` when given;
 otherwise ``min`` is 1 for a name containing "batch" and 2 for any other
 (``torch.export`` specialises sizes 0 and 1), and ``max`` is the model's
 maximum number of positions for the axes of token inputs (ids, masks), and
-unbounded elsewhere.
+unbounded elsewhere. Where the model's code excludes an end of such a default
+range (MobileBERT needs ``seq != 2``, GPT-Neo ``seq != max``), that end moves
+in by one and the trace report notes it (:mod:`aot.tracing.dim_narrowing`); a
+range the caller gave is never changed.
 
 Export is non-strict (``strict=False``): the model's Python runs normally and
 only tensor operations are recorded, as ATen ops. The returned module is
@@ -32,12 +35,15 @@ import torch.fx
 from aot.errors import TraceError
 from aot.quiet import quiet_torch
 
+from .dim_narrowing import narrowed_default_range
 from .dummy_inputs import forward_parameters
 from .model_state import disable_hooked_forward, preserved_model_state
 from .scope import Scope, qualified_type_name
 from .source_location import raised_at
 
 logger = logging.getLogger(__name__)
+
+_NARROWING_ATTEMPTS = 4  # each moves one end of one default range past a size the model's code excludes
 
 _TOKEN_INPUT_MARKERS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_source_positions")
@@ -131,14 +137,25 @@ def export_trace(
     started = time.perf_counter()
     if not isinstance(example_kwargs, Mapping) or not example_kwargs:
         raise TraceError(f"export_trace of {type(model).__name__} needs example_kwargs: a dict of input tensors")
-    dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, dim_ranges)
     notes = []
+    given = dict(dim_ranges or {})
     with disable_hooked_forward(model), preserved_model_state(model) as restored, _cache_off(model, example_kwargs, notes):
         try:
-            with quiet_torch("torch.export"):
-                program = torch.export.export(
-                    model, (), kwargs=dict(example_kwargs), dynamic_shapes=dynamic_shapes, strict=False
-                )
+            for attempt in range(_NARROWING_ATTEMPTS + 1):
+                dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, given)
+                try:
+                    with quiet_torch("torch.export"):
+                        program = torch.export.export(
+                            model, (), kwargs=dict(example_kwargs), dynamic_shapes=dynamic_shapes, strict=False
+                        )
+                    break
+                except Exception as error:
+                    narrowed = narrowed_default_range(str(error), ranges, dim_ranges or {}) if attempt < _NARROWING_ATTEMPTS else None
+                    if narrowed is None:
+                        raise
+                    name, low, high, note = narrowed
+                    given[name] = (low, high)
+                    notes.append(note)
         except Exception as error:  # torch.export raises many types; report one line
             first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
             location = raised_at(error)

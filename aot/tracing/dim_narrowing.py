@@ -1,0 +1,55 @@
+"""Default dynamic ranges moved past a size the model's code excludes.
+
+``torch.export`` refuses a range when the model's code holds for all of it but
+one size, with a message such as::
+
+    Not all values of seq = L['input_ids'].size()[1] in the specified range seq <= 64
+    satisfy the generated guard ((-1) + L['input_ids'].size()[1]) != 1.
+
+When that size is an end of a range ``export_trace`` chose by default (not one
+the caller gave), the end moves in by one: here ``seq != 2`` at ``min = 2``
+gives ``min = 3``. The guard is solved with sympy (a torch dependency), for one
+input size read once; anything else is left to the caller's error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+_VIOLATION = re.compile(r"Not all values of (\w+) = [^\n]*?satisfy the generated guard (.+?) != (-?\d+)\.?\s*$", re.MULTILINE)
+_SIZE = re.compile(r"L\['[^']+'\]\.size\(\)\[\d+\]")
+
+
+def narrowed_default_range(
+    message: str, ranges: Mapping[str, list[int | None]], given: Mapping[str, tuple[int | None, int | None]]
+) -> tuple[str, int, int | None, str] | None:
+    """``(dim, min, max, note)`` after moving a default range's end past the excluded size, or None."""
+    for match in _VIOLATION.finditer(message):
+        name, guard, value = match.groups()
+        if name not in ranges or any(bound is not None for bound in given.get(name, (None, None))):
+            continue
+        excluded = _excluded_size(guard, int(value))
+        low, high = ranges[name]
+        if excluded is None:
+            continue
+        if excluded == low:
+            return name, low + 1, high, f"dynamic dim '{name}' starts at {low + 1}: the model's code excludes {name} = {low} ({guard} != {value})"
+        if high is not None and excluded == high and high - 1 >= low:
+            return name, low, high - 1, f"dynamic dim '{name}' ends at {high - 1}: the model's code excludes {name} = {high} ({guard} != {value})"
+    return None
+
+
+def _excluded_size(guard: str, value: int) -> int | None:
+    """The one size ``s`` for which ``guard(s) == value``, when the guard reads one input size."""
+    import sympy
+
+    if len(set(_SIZE.findall(guard))) != 1:
+        return None
+    size = sympy.Symbol("s", integer=True)
+    try:
+        expression = sympy.sympify(_SIZE.sub("s", guard), locals={"s": size})
+        solutions = sympy.solve(sympy.Eq(expression, value), size)
+    except (sympy.SympifyError, TypeError, ValueError, NotImplementedError):
+        return None
+    return int(solutions[0]) if len(solutions) == 1 and solutions[0].is_integer else None

@@ -1,0 +1,72 @@
+"""Default dynamic ranges move past a size the model's code excludes; ranges the caller gave never do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from aot.errors import TraceError
+from aot.outputs import flatten_outputs
+from aot.tracing import export_trace
+from aot.tracing.dim_narrowing import narrowed_default_range
+from aot.validate import eager_outputs
+
+DIMS = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+MOBILEBERT_REFUSAL = (
+    "Constraints violated (seq)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
+    "  - Not all values of seq = L['input_ids'].size()[1] in the specified range seq <= 64 satisfy the generated guard "
+    "((-1) + L['input_ids'].size()[1]) != 1.\n"
+)
+
+
+def test_the_excluded_size_is_solved_from_the_guard():
+    ranges = {"batch": [1, None], "seq": [2, 64]}
+    name, low, high, note = narrowed_default_range(MOBILEBERT_REFUSAL, ranges, {})
+    assert (name, low, high) == ("seq", 3, 64) and "excludes seq = 2" in note
+    at_the_top = MOBILEBERT_REFUSAL.replace("((-1) + L['input_ids'].size()[1]) != 1", "L['input_ids'].size()[1] != 64")
+    assert narrowed_default_range(at_the_top, ranges, {})[:3] == ("seq", 2, 63)
+    inside = MOBILEBERT_REFUSAL.replace("!= 1.", "!= 9.")
+    assert narrowed_default_range(inside, ranges, {}) is None, "a hole inside the range is not an end to move"
+    assert narrowed_default_range(MOBILEBERT_REFUSAL, ranges, {"seq": (2, 64)}) is None, "a range the caller gave stays"
+
+
+def _inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch * 100 + sequence)
+    return {"input_ids": torch.randint(0, 99, (batch, sequence), generator=generator),
+            "attention_mask": torch.ones(batch, sequence, dtype=torch.long)}
+
+
+def _mobilebert():
+    torch.manual_seed(0)
+    config = transformers.MobileBertConfig(vocab_size=99, hidden_size=32, embedding_size=16, intermediate_size=37, num_hidden_layers=2,
+                                           num_attention_heads=4, intra_bottleneck_size=16, max_position_embeddings=64)
+    return transformers.MobileBertModel(config).eval()
+
+
+def _gpt_neo():
+    torch.manual_seed(0)
+    config = transformers.GPTNeoConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, window_size=8,
+                                       attention_types=[[["global", "local"], 1]], max_position_embeddings=64)
+    return transformers.GPTNeoModel(config).eval()
+
+
+@pytest.mark.parametrize(("make", "seq_range"), [(_mobilebert, [3, 64]), (_gpt_neo, [2, 63])], ids=["mobilebert", "gpt_neo"])
+def test_models_excluding_an_end_of_the_default_range_export_and_match_eager(make, seq_range):
+    model = make()
+    graph_module = export_trace(model, _inputs(2, 16), dynamic_dims=DIMS)
+    report = graph_module.meta["trace_report"]
+    assert report["dim_ranges"]["seq"] == seq_range
+    assert any(note.startswith("dynamic dim 'seq'") for note in report["notes"]), report["notes"]
+    for batch, sequence in ((1, 5), (2, 16), (3, 23)):
+        inputs = _inputs(batch, sequence)
+        expected = eager_outputs(model, inputs)  # with use_cache=False where the forward takes it, as traced
+        with torch.no_grad():
+            got = flatten_outputs(graph_module(**inputs))
+        for name, value in expected.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_range_the_caller_gave_is_not_narrowed():
+    with pytest.raises(TraceError, match=r"Constraints violated \(seq\)"):
+        export_trace(_mobilebert(), _inputs(2, 16), dynamic_dims=DIMS, dim_ranges={"seq": (2, 64)})
