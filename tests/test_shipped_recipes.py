@@ -1,7 +1,8 @@
 """Every shipped recipe builds offline, validates at >= 3 shapes, and its artifacts deploy.
 
-Builds are shared by the tests of this module (one build per recipe), plus one
-extra build of bert.yaml in a second process to prove byte-reproducibility.
+Builds are shared by the tests of this module (one build per recipe), plus an
+extra build of bert.yaml and of minilm_int8.yaml in a second process to prove
+byte-reproducibility.
 """
 
 from __future__ import annotations
@@ -145,21 +146,22 @@ def _without_timings(manifest: dict) -> dict:
     return {key: value for key, value in manifest.items() if key != "run"}
 
 
-def test_bert_builds_byte_identical_in_two_processes(builds, tmp_path):
-    second = tmp_path / "bert-again"
+@pytest.mark.parametrize("name", ["bert.yaml", "minilm_int8.yaml"])  # float32, and int8 with its accuracy gate
+def test_a_recipe_builds_byte_identical_in_two_processes(builds, tmp_path, name):
+    second = tmp_path / "again"
     completed = subprocess.run(
-        [sys.executable, "-m", "aot.cli", "build", str(RECIPES_DIR / "bert.yaml"), "-o", str(second)],
+        [sys.executable, "-m", "aot.cli", "build", str(RECIPES_DIR / name), "-o", str(second)],
         capture_output=True,
         text=True,
     )
     assert completed.returncode == 0, completed.stderr
-    first_manifest = json.loads((builds["bert.yaml"] / "manifest.json").read_text())
+    first_manifest = json.loads((builds[name] / "manifest.json").read_text())
     second_manifest = json.loads((second / "manifest.json").read_text())
     assert first_manifest["artifacts"], "the manifest must list artifacts"
     assert first_manifest["artifacts"] == second_manifest["artifacts"]
     assert _without_timings(first_manifest) == _without_timings(second_manifest)
     for relative in first_manifest["artifacts"]:
-        assert (builds["bert.yaml"] / relative).read_bytes() == (second / relative).read_bytes(), relative
+        assert (builds[name] / relative).read_bytes() == (second / relative).read_bytes(), relative
 
 
 def test_bert_onnx_shows_the_optimisations(builds):
