@@ -321,7 +321,7 @@ def _print_bench(report) -> None:
     console.print("paired: median over rounds of eager's time / the runner's time in the same round (the figure to quote)")
     console.print("setup: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.setup_s.items()))
     for artifact, metrics in report.accuracy.items():
-        console.print(f"accuracy gate, {artifact}: " + ", ".join(f"{name} {value:.6f}" for name, value in metrics.items()))
+        console.print(f"accuracy on the gate data, {artifact}: " + ", ".join(f"{name} {value:.6f}" for name, value in metrics.items()))
     for peer, reason in report.peer_failures.items():
         console.print(f"peer {peer} could not be built: {reason}")
     if report.build_stages_s:

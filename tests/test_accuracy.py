@@ -94,9 +94,14 @@ def test_a_met_gate_is_recorded_per_artifact(tmp_path, write_recipe):
     assert {v["judged_by"] for v in manifest["validation"]} == {"accuracy gate"}
     assert max(v["max_abs"] for v in manifest["validation"]) > 0, "the pass changed the outputs: only the gate can judge them"
 
-    result = run_aot("bench", tmp_path / "out", "--runs", "1", "--warmup", "1", "--gap-ms", "0", "--no-memory", "--json")
+    result = run_aot("bench", tmp_path / "out", "--runs", "1", "--warmup", "1", "--gap-ms", "0", "--no-memory", "--json",
+                     "--peers", "int8")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["accuracy"]["onnx"] == gates["onnx"]["metrics"], "bench shows the gate beside the speed"
+    reported = json.loads(result.stdout)["accuracy"]
+    assert reported["onnx"] == gates["onnx"]["metrics"], "bench shows the gate beside the speed"
+    for peer in ("ort_quantize_dynamic", "torch_ao_dynamic"):  # measured by the bench on the gate's data
+        assert set(reported[peer]) == {"cosine_mean", "cosine_min", "spearman"}, reported
+        assert 0.5 < reported[peer]["cosine_min"] < 1.0, (peer, reported[peer])
     result = run_aot("validate", tmp_path / "out", "--json")
     assert result.returncode == 0, result.stderr
     assert {entry["artifact"] for entry in json.loads(result.stdout)["accuracy"]} == {"onnx", "graph_module"}

@@ -86,7 +86,8 @@ class BenchReport:
     pids: dict[str, int] = field(default_factory=dict)  # the process each runner ran in
     shapes: list[ShapeFigures] = field(default_factory=list)
     build_stages_s: dict[str, float] = field(default_factory=dict)
-    # The build's accuracy gate, per artifact, from its manifest: speed next to what it cost in accuracy.
+    # The build's accuracy gate, per artifact, from its manifest: speed next to what it cost in accuracy;
+    # and per peer, measured by the bench on the same data, when the build has a gate.
     accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
     peer_failures: dict[str, str] = field(default_factory=dict)
 
@@ -168,7 +169,27 @@ def bench(
         with stage("bench"):
             for index, shape in enumerate(shapes):
                 report.shapes.append(_bench_shape(hosts, index, shape, runs, warmup, memory, gap_ms, tick, report.peer_failures))
+        if report.accuracy:  # the build traded accuracy for speed: the peers are held to its gate too
+            with stage("peer accuracy"):
+                _peer_accuracy(hosts, peers, report)
     return report
+
+
+def _peer_accuracy(hosts: dict[str, Any], peers: tuple[str, ...], report: BenchReport) -> None:
+    """Each peer's metrics on the build's gate data, after the timing (their processes hold the eager model)."""
+    for name in peers:
+        host = hosts.get(name)
+        if host is None or name in report.peer_failures:
+            continue
+        try:
+            reply = host.accuracy()
+        except AotError as error:
+            log.warning("peer %s: accuracy not measured: %s", name, error)
+            continue
+        if reply.get("metrics"):
+            report.accuracy[name] = reply["metrics"]
+        else:
+            log.warning("peer %s: accuracy not measured: %s", name, reply.get("problem"))
 
 
 def _default_threads() -> int:
@@ -239,6 +260,9 @@ class _Worker:
 
     def time(self, shape: int) -> float:
         return self.request("time", shape=shape)["ms"]
+
+    def accuracy(self) -> dict[str, Any]:
+        return self.request("accuracy")
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, ValueError):

@@ -11,6 +11,8 @@ Requests, one JSON object a line, each answered by one line:
 - ``{"op": "setup", ...RunnerSpec}``: load the runner -> ``{"setup_s", "baseline_mib", "pid"}``;
 - ``{"op": "warm", "shape": i, "calls": n, "memory": bool}`` -> ``{"first_call_ms", "peak_mib"}``;
 - ``{"op": "time", "shape": i}``: one call -> ``{"ms"}``;
+- ``{"op": "accuracy"}``: the build's accuracy gate on this runner, a peer, whose process
+  holds the eager model for the reference -> ``{"metrics", "problem"}`` (untimed, after the timing);
 - ``{"op": "exit"}``.
 
 A failure answers ``{"error": message, "exit_code": code}``. The timed region is the call
@@ -50,6 +52,7 @@ class RunnerHost:
         self.run: Any = None
         self._finish = lambda: None
         self.baseline_mib = 0.0
+        self._eager: tuple[Any, Any] | None = None  # (recipe, eager model), where the runner was built from it
 
     def setup(self) -> dict[str, float]:
         import torch
@@ -118,7 +121,32 @@ class RunnerHost:
             return _onnx_runner(build / "model.onnx", spec, inputs), inputs
         runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(loaded), Path(spec.workdir), spec.threads,
                             spinning=not spec.shared_process)
+        self._eager = (loaded, model)
         return runner, inputs
+
+    def accuracy(self) -> dict[str, Any]:
+        """The build's accuracy gate measured on this peer, against the eager model of its own process.
+
+        ONNX Runtime answers a list: its outputs are taken in the order of eager's, which is the
+        order every exporter writes them in.
+        """
+        from aot.accuracy import make_gate
+        from aot.validate import eager_runner
+
+        if self._eager is None:
+            return {"metrics": {}, "problem": "not a peer: its accuracy is in the build's manifest"}
+        loaded, model = self._eager
+        gate = make_gate(loaded, eager_runner(model), model)
+        if gate is None:
+            return {"metrics": {}, "problem": "the build has no accuracy gate"}
+        names = list(gate.expected[0])
+
+        def run(batch: dict[str, Any]) -> Any:
+            outputs = self.run(batch)
+            return dict(zip(names, outputs)) if isinstance(outputs, (list, tuple)) else outputs
+
+        result = gate.measure(self.spec.runner, run)
+        return {"metrics": result.metrics, "problem": result.problem}
 
 
 def _onnx_runner(path: Path, spec: RunnerSpec, inputs: list[dict[str, Any]]) -> Any:
@@ -189,6 +217,8 @@ def serve(requests: Any, answer: Any) -> None:
                 answer(host.warm(request["shape"], request["calls"], request["memory"]))
             elif op == "time":
                 answer({"ms": host.time(request["shape"])})
+            elif op == "accuracy":
+                answer(host.accuracy())
         except AotError as error:
             answer({"error": str(error), "exit_code": error.exit_code})
         except Exception as error:  # reported to the driver, which decides what it means (a peer that failed)
