@@ -31,13 +31,18 @@ def test_llama_rms_norms_become_torch_rms_norm_and_run_standalone(tmp_path):
     save_graph_module(gm, tmp_path / "gm")
     source = (tmp_path / "gm" / "module.py").read_text()
     assert "torch.nn.RMSNorm(32, eps=" in source and "import transformers" not in source
+    _assert_standalone_matches_eager(model, tmp_path, tolerance=1e-5)
+
+
+def _assert_standalone_matches_eager(model, tmp_path, tolerance: float) -> None:
+    """``tmp_path / "gm"`` run in a process without transformers, against ``model`` at three shapes."""
     cases = [text_inputs(b, s) for b, s in ((2, 7), (1, 3), (3, 12))]
-    results = run_isolated({"llama": (tmp_path / "gm", cases)}, tmp_path)["llama"]
+    results = run_isolated({"model": (tmp_path / "gm", cases)}, tmp_path)["model"]
     for inputs, raw in zip(cases, results):
         with torch.no_grad():
             expected = flatten_outputs(model(**inputs))
         for name, value in expected.items():
-            torch.testing.assert_close(flatten_outputs(raw)[name], value, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(flatten_outputs(raw)[name], value, atol=tolerance, rtol=tolerance)
 
 
 class ScaledByTwoPlusWeight(torch.nn.Module):
@@ -85,10 +90,4 @@ def test_gemma_rms_norms_with_weight_offset_by_one_save_and_run_standalone(tmp_p
 
     save_graph_module(gm, tmp_path / "gm")
     assert "import transformers" not in (tmp_path / "gm" / "module.py").read_text()
-    cases = [text_inputs(b, s) for b, s in ((2, 7), (1, 3), (3, 12))]
-    results = run_isolated({"gemma2": (tmp_path / "gm", cases)}, tmp_path)["gemma2"]
-    for inputs, raw in zip(cases, results):
-        with torch.no_grad():
-            expected = flatten_outputs(model(**inputs))
-        for name, value in expected.items():
-            torch.testing.assert_close(flatten_outputs(raw)[name], value, atol=1e-4, rtol=1e-4)
+    _assert_standalone_matches_eager(model, tmp_path, tolerance=1e-4)
