@@ -20,6 +20,7 @@ BATCH = 2
 SEQUENCE = 16
 DECODER_SEQUENCE = 8
 DEFAULT_IMAGE_SIZE = 64
+NUM_CHOICES = 2  # multiple-choice heads: the choices of an example are an axis of their own
 
 
 def forward_parameters(model: torch.nn.Module | type[torch.nn.Module]) -> list[str]:
@@ -85,8 +86,14 @@ def _labels_one_per_example(model: torch.nn.Module) -> bool:
 def make_dummy_inputs(
     model: torch.nn.Module, input_names: Sequence[str], batch: int = BATCH, sequence: int = SEQUENCE
 ) -> dict[str, torch.Tensor]:
-    """Inputs for ``input_names`` at ``batch`` x ``sequence`` (decoder inputs at half the length); batch >= 2."""
+    """Inputs for ``input_names`` at ``batch`` x ``sequence`` (decoder inputs at half the length); batch >= 2.
+
+    A multiple-choice head takes ``(batch, choices, sequence)`` token inputs and one label, a
+    choice, per example: the rows are made for ``batch x choices`` and then folded.
+    """
     decoder_length = DECODER_SEQUENCE * sequence // SEQUENCE or 1
+    choices = NUM_CHOICES if _is_head(model, "MULTIPLE_CHOICE") else 1
+    examples, batch = batch, batch * choices
     config = getattr(model, "config", None)
     if config is None:
         raise TraceError(f"{type(model).__name__} has no config to make dummy inputs from; pass dummy_inputs")
@@ -132,4 +139,8 @@ def make_dummy_inputs(
             inputs[name] = torch.randn(batch, length, hidden, generator=generator)
         else:
             raise TraceError(f"cannot make a dummy value for input '{name}' of {type(model).__name__}; pass dummy_inputs")
+    if choices > 1:
+        for name, value in inputs.items():
+            folded = torch.randint(0, choices, (examples,), generator=generator) if name == "labels" else value.view(examples, choices, *value.shape[1:])
+            inputs[name] = folded
     return inputs

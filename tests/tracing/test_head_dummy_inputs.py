@@ -43,6 +43,26 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("cls", [transformers.BertForMultipleChoice, transformers.RobertaForMultipleChoice])
+def test_multiple_choice_heads_get_three_dimensional_inputs_and_match_eager(cls):
+    config_class = transformers.BertConfig if cls is transformers.BertForMultipleChoice else transformers.RobertaConfig
+    model = _model(cls, config_class(**BERT))
+    names = ["input_ids", "attention_mask", "labels"]
+    dummies = make_dummy_inputs(model, names)
+    assert dummies["input_ids"].shape == (2, 2, 16) and dummies["labels"].shape == (2,), {k: v.shape for k, v in dummies.items()}
+    assert int(dummies["labels"].max()) < 2, "a label is a choice"
+    graph_module = symbolic_trace(model, input_names=names)  # checked at a second shape, (3, 2, 11), as well
+    with torch.no_grad():
+        for batch, sequence in SHAPES:
+            g = torch.Generator().manual_seed(batch + sequence)
+            inputs = {"input_ids": torch.randint(2, 128, (batch, 3, sequence), generator=g),
+                      "attention_mask": torch.ones(batch, 3, sequence, dtype=torch.int64),
+                      "labels": torch.randint(0, 3, (batch,), generator=g)}
+            got, want = graph_module(**inputs), model(**inputs)
+            torch.testing.assert_close(got["logits"], want.logits)
+            torch.testing.assert_close(got["loss"], want.loss)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_heads_trace_with_their_own_dummy_labels_and_match_eager(case):
     cls, config, names, labels = CASES[case]
