@@ -59,9 +59,18 @@ class SourceLocation(NamedTuple):
 
 
 def user_location() -> SourceLocation:
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_PREFIXES):
+    """The innermost frame of model code (see ``raised_at``) calling into the tracer.
+
+    A torch function the model calls (``torch.unique_consecutive`` lives in torch/functional.py)
+    is not where the user can act: its caller is. Where no frame is model code (a model made
+    of torch's own modules), the innermost frame outside the tracer's machinery.
+    """
+    frame, fallback = sys._getframe(1), None
+    while frame is not None and not _is_model_code(frame.f_code.co_filename):
+        if fallback is None and not frame.f_code.co_filename.startswith(_INTERNAL_PREFIXES):
+            fallback = frame
         frame = frame.f_back
+    frame = frame or fallback
     if frame is None:
         return SourceLocation("<unknown>", 0, "")
     filename, line = frame.f_code.co_filename, frame.f_lineno

@@ -151,6 +151,16 @@ def test_data_dependent_operation_names_the_line():
         symbolic_trace(Item(), ["x"], dummy_inputs={"x": torch.randn(3)})
 
 
+def test_a_torch_function_called_by_the_model_is_reported_at_the_model_line():
+    class Unique(torch.nn.Module):
+        def forward(self, x):
+            return torch.unique_consecutive(x)  # a function of torch/functional.py: its caller is where to act
+
+    assert torch.unique_consecutive.__module__ == "torch.functional", "precondition: the op's own frame is torch's"
+    with pytest.raises(TraceError, match=r"data-dependent operation at .*test_trace_requirements.py:\d+ `return torch.unique_consecutive\(x\)"):
+        symbolic_trace(Unique(), ["x"], dummy_inputs={"x": torch.randn(3)})
+
+
 def test_a_leaf_module_fixes_data_dependent_control_flow():
     model = _GatedModel()
     gm = symbolic_trace(model, ["x"], dummy_inputs={"x": torch.randn(2, 4)}, leaf_modules=["gate"])
