@@ -16,6 +16,7 @@ error never leaves a half-written artifact behind.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -83,7 +84,10 @@ def load_standalone(directory: Path, expected_sha256: str | None = None, *, keep
     namespace = {"__name__": "<run_path>", "__file__": str(module_path)}
     try:
         exec(compile(source, str(module_path), "exec"), namespace)  # noqa: S102 (checked above; what users run)
-        return namespace["load"](str(directory), keep_freed_memory=keep_freed_memory)
+        load = namespace["load"]
+        # module.py files written before keep_freed_memory existed take the directory alone
+        takes_option = "keep_freed_memory" in inspect.signature(load).parameters
+        return load(str(directory), keep_freed_memory=keep_freed_memory) if takes_option else load(str(directory))
     except Exception as error:
         raise ExportError(f"{module_path}: cannot load the saved model: {type(error).__name__}: {error}") from None
 

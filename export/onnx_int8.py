@@ -16,7 +16,7 @@ which is the graph ONNX Runtime's own ``quantize_dynamic`` writes, so ONNX Runti
 it at load into its int8 kernel (``DynamicQuantizeMatMul``). Per token, the rounded value shifted by 128 into uint8, so that every row shares one zero point::
 
     a   = max(ReduceMax(Abs(x), axis -1), tiny) / 127        # one step a row
-    x_q = Cast(Round(x / a) + 128, uint8)                    # in [1, 255]
+    x_q = Cast(Round(x · (1 / a)) + 128, uint8)              # in [1, 255]
     y   = Cast(MatMulInteger(x_q, q^T, 128), float) * a * s + b
 
 The weights and scales are the very tensors of the saved GraphModule: both artifacts
@@ -70,11 +70,11 @@ def _onnx_int8_dynamic_linear(input, weight, weight_scale, bias=None):
 def _onnx_int8_per_token_linear(input, weight, weight_scale, bias=None):
     from onnxscript import opset18 as op
 
-    largest = op.ReduceMax(op.Abs(input), op.Constant(value_ints=[-1]), keepdims=1)
-    step = op.Div(op.Max(largest, op.Constant(value_float=1e-30)), op.Constant(value_float=127.0))
-    # |x / step| <= 127, so x_q + 128 lies in [1, 255]: uint8 with one zero point of 128 for every row,
-    # which is ONNX Runtime's fast u8 x s8 GEMM (an int8 left operand took it to a slow path: 4x slower).
-    shifted = op.Cast(op.Add(op.Round(op.Div(input, step)), op.Constant(value_float=128.0)), to=2)  # UINT8
+    largest = op.Max(op.ReduceMax(op.Abs(input), op.Constant(value_ints=[-1]), keepdims=1), op.Constant(value_float=1e-30))
+    step = op.Div(largest, op.Constant(value_float=127.0))
+    # round(x · (127 / max)), as the torch kernel computes it, so that ties round alike
+    rounded = op.Round(op.Mul(input, op.Div(op.Constant(value_float=127.0), largest)))
+    shifted = op.Cast(op.Add(rounded, op.Constant(value_float=128.0)), to=2)  # UINT8
     zero_point = op.Cast(op.Constant(value_float=128.0), to=2)  # UINT8, folded to a constant
     accumulated = op.MatMulInteger(shifted, op.Transpose(weight, perm=[1, 0]), zero_point)
     output = op.Mul(op.Mul(op.Cast(accumulated, to=1), step), weight_scale)  # to=1: FLOAT

@@ -256,7 +256,19 @@ class ReversibleTransformation(Transformation):
         return self.apply(graph_module, lint_and_recompile=lint_and_recompile, reverse=reverse).graph_module
 
     def apply(self, graph_module: GraphModule, lint_and_recompile: bool = True, reverse: bool = False) -> PassResult:
+        if reverse:
+            self._check_marks_are_ours(graph_module)
         return self._run(self.reverse if reverse else self.transform, graph_module, lint_and_recompile)
+
+    def _check_marks_are_ours(self, graph_module: GraphModule) -> None:
+        """A reverse that would find nothing because the marks are another instance's says so."""
+        if self.get_transformed_nodes(graph_module):
+            return
+        others = sorted({mark for node in graph_module.graph.nodes for mark in node.meta.get(TRANSFORMS_KEY, ())
+                         if mark.startswith(f"{self.name}(") or mark == self.name})
+        if others:
+            raise PassFailure(self.name, f"no node carries the marks of {self.signature}, but some carry those of "
+                                         f"{', '.join(others)}: reverse with the options the graph was transformed with")
 
     def mark_as_restored(self, node: Node) -> None:
         """Marks ``node`` as restored to its original state: drops this pass's mark and reverse data."""

@@ -36,10 +36,12 @@ against float32: per tensor, cosine mean 0.9926 / min 0.967, Spearman 0.990; per
 
 Each weight moves by at most ``s_c / 2`` and each activation by at most ``a / 2``, so
 this pass does not preserve the computation: a recipe using it must name an accuracy
-gate (``validate.accuracy``). The saved GraphModule runs torch's own int8 GEMM
-(``torch.ops.quantized.linear_dynamic``, oneDNN or FBGEMM); the ONNX model carries the
-same int8 weights and scales as ``DynamicQuantizeLinear`` + ``MatMulInteger``
-(:mod:`aot.export.onnx_int8`), which ONNX Runtime runs with its int8 kernels.
+gate (``validate.accuracy``). The saved GraphModule runs torch's own int8 GEMMs: per
+tensor ``torch.ops.quantized.linear_dynamic`` (oneDNN or FBGEMM, the ``engine`` option),
+per token ``torch._int_mm``. The ONNX model carries the same int8 weights and scales
+(:mod:`aot.export.onnx_int8`): per tensor ``DynamicQuantizeLinear`` + ``MatMulInteger``,
+which ONNX Runtime fuses into its int8 kernel; per token ``Abs``/``ReduceMax``/``Round``
++ ``MatMulInteger``.
 
 Left alone, with a note: layers named by ``skip`` (``fnmatch`` patterns on the module
 path, e.g. ``"*.pooler.*"`` or ``"classifier"``), subclasses of ``nn.Linear`` and layers
@@ -85,7 +87,9 @@ class QuantizeLinearInt8(RewriteRule):
             "quantize_dynamic), or one per token (int8, symmetric), which keeps a token's outliers from coarsening the others.",
         )
         engine: Literal["onednn", "fbgemm"] = Field(
-            default="onednn", description="torch's int8 GEMM family for the saved GraphModule on CPU; the ONNX model is unaffected."
+            default="onednn",
+            description="torch's int8 GEMM family for the saved GraphModule on CPU with per-tensor activations (per token runs "
+            "torch._int_mm); the ONNX model is unaffected.",
         )
 
     def candidates(self, graph_module: GraphModule) -> Iterator[Match[tuple[str, list[Node]]]]:

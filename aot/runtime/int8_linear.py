@@ -47,6 +47,7 @@ exist here only inside the prepack call, and if a future torch drops the int8 op
 the float formula is what runs.
 """
 
+import threading
 import warnings
 import weakref
 
@@ -57,6 +58,9 @@ _INT8_ENGINES = ("onednn", "fbgemm")
 _INT8_ACTIVATIONS = ("per_tensor", "per_token")
 _INT8_QMAX = 127
 _INT8_TINY = 1e-30
+# Prepacking reads torch's process-wide quantized engine: switch, pack, restore under one lock, so
+# that threads packing layers at once neither pack for each other's engine nor leave theirs behind.
+_INT8_ENGINE_LOCK = threading.Lock()
 
 
 def _int8_kernel_available(engine: str) -> bool:
@@ -64,16 +68,19 @@ def _int8_kernel_available(engine: str) -> bool:
     return engine in quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
 
 
-def _int8_row_scales(input: torch.Tensor) -> torch.Tensor:
-    """Per-token symmetric int8 steps ``a_r = max_k |x_rk| / 127`` (1 for an all-zero row), shape ``(..., 1)``."""
-    largest = input.abs().amax(dim=-1, keepdim=True)
-    return torch.where(largest > 0, largest / _INT8_QMAX, torch.ones_like(largest))
+def _int8_row_maxima(input: torch.Tensor) -> torch.Tensor:
+    """``max_k |x_rk|`` per row, shape ``(..., 1)``, at least a tiny positive number (an all-zero row stays zero)."""
+    return input.abs().amax(dim=-1, keepdim=True).clamp_(min=_INT8_TINY)
 
 
 def _int8_per_token_activation(input: torch.Tensor) -> torch.Tensor:
-    """``x`` rounded to each row's symmetric int8 grid."""
-    step = _int8_row_scales(input)
-    return torch.clamp(torch.round(input / step), -_INT8_QMAX, _INT8_QMAX) * step
+    """``x`` rounded to each row's symmetric int8 grid, step ``a_r = max_k |x_rk| / 127``.
+
+    Computed as ``round(x · (127 / max))``, exactly as the kernel and the ONNX model compute it, so
+    that a value on a rounding tie goes the same way in all three.
+    """
+    largest = _int8_row_maxima(input)
+    return torch.round(input * (_INT8_QMAX / largest)) * (largest / _INT8_QMAX)
 
 
 def _int8_fake_quantized_activation(input: torch.Tensor) -> torch.Tensor:
@@ -141,16 +148,23 @@ class Int8DynamicLinear(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         per_token = self.activations == "per_token"
+        if isinstance(input, torch.Tensor) and input.numel() == 0:  # no values, no range to quantise to
+            return F.linear(input, self.dequantized_weight().to(input.dtype), self._bias_for(input))
         if self._use_kernel(input):
-            return self._per_token_kernel(input) if per_token else torch.ops.quantized.linear_dynamic(input, self.packed_params(), False)
+            return self._per_token_kernel(input) if per_token else self._per_tensor_kernel(input)
         rounded = _int8_per_token_activation(input) if per_token else _int8_fake_quantized_activation(input)
         return F.linear(rounded, self.dequantized_weight().to(input.dtype), self._bias_for(input))
+
+    def _per_tensor_kernel(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.reshape(-1, self.in_features)  # the kernel takes 2 or more dimensions
+        output = torch.ops.quantized.linear_dynamic(rows, self.packed_params(), False)
+        return output.reshape(*input.shape[:-1], self.out_features)
 
     def _per_token_kernel(self, input: torch.Tensor) -> torch.Tensor:
         # Five passes over the activations and two over the output, the fewest measured (a fused
         # quantize_per_channel or a single-pass inf-norm were slower); the GEMM is torch._int_mm.
         rows = input.reshape(-1, self.in_features)
-        largest = rows.abs().amax(dim=-1, keepdim=True).clamp_(min=_INT8_TINY)  # an all-zero row quantises to zeros
+        largest = _int8_row_maxima(rows)
         quantized = (rows * (_INT8_QMAX / largest)).round_().to(torch.int8)  # |x| <= largest: within [-127, 127]
         output = torch._int_mm(quantized, self.weight.t()) * (largest / _INT8_QMAX)
         if self.bias is None:
@@ -170,18 +184,19 @@ class Int8DynamicLinear(torch.nn.Module):
         cached = self._packed
         if cached is not None and _int8_same_tensors(cached[0], sources):
             return cached[1]
-        quantized_engine = torch.backends.quantized.engine
-        try:
-            torch.backends.quantized.engine = self.engine  # prepacking picks the kernel family by the global engine
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")  # quantized tensors are deprecated; this is their one use, see module doc
-                per_channel = torch._make_per_channel_quantized_tensor(
-                    self.weight, self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0
-                )
-                bias = None if self.bias is None else self.bias.detach()
-                packed = torch.ops.quantized.linear_prepack(per_channel, bias)
-        finally:
-            torch.backends.quantized.engine = quantized_engine
+        with _INT8_ENGINE_LOCK:
+            quantized_engine = torch.backends.quantized.engine
+            try:
+                torch.backends.quantized.engine = self.engine  # prepacking picks the kernel family by the global engine
+                with warnings.catch_warnings(), torch.no_grad():
+                    warnings.simplefilter("ignore")  # quantized tensors are deprecated; this is their one use, see module doc
+                    per_channel = torch._make_per_channel_quantized_tensor(
+                        self.weight, self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0
+                    )
+                    bias = None if self.bias is None else self.bias.detach()
+                    packed = torch.ops.quantized.linear_prepack(per_channel, bias)
+            finally:
+                torch.backends.quantized.engine = quantized_engine
         self._packed = ([(weakref.ref(tensor), tensor.data_ptr(), _int8_version(tensor)) for tensor in sources], packed)
         return packed
 
@@ -193,7 +208,7 @@ class Int8DynamicLinear(torch.nn.Module):
             return False  # also a torch.fx Proxy: tracing sees the float formula
         if torch.compiler.is_compiling():
             return False  # torch.export / torch.compile see the float formula
-        if input.dim() == 0 or input.shape[-1] != self.in_features or input.numel() == 0:
+        if input.dim() == 0 or input.shape[-1] != self.in_features:
             return False
         if torch.is_grad_enabled() and input.requires_grad:
             return False  # the int8 kernel has no backward

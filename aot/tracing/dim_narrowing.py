@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 _VIOLATION = re.compile(r"Not all values of (\w+) = [^\n]*?satisfy the generated guard (.+?) != (-?\d+)\.?\s*$", re.MULTILINE)
 _SIZE = re.compile(r"L\['[^']+'\]\.size\(\)\[\d+\]")
+_COMPOUND = re.compile(r"!=|==|<|>|\band\b|\bor\b|\bnot\b|[A-Za-z_]{2,}")  # comparisons, logic, names other than s
 
 
 def narrowed_default_range(
@@ -33,7 +34,7 @@ def narrowed_default_range(
         low, high = ranges[name]
         if excluded is None:
             continue
-        if excluded == low:
+        if excluded == low and (high is None or low + 1 <= high):
             return name, low + 1, high, f"dynamic dim '{name}' starts at {low + 1}: the model's code excludes {name} = {low} ({guard} != {value})"
         if high is not None and excluded == high and high - 1 >= low:
             return name, low, high - 1, f"dynamic dim '{name}' ends at {high - 1}: the model's code excludes {name} = {high} ({guard} != {value})"
@@ -46,6 +47,8 @@ def _excluded_size(guard: str, value: int) -> int | None:
 
     if len(set(_SIZE.findall(guard))) != 1:
         return None
+    if _COMPOUND.search(_SIZE.sub("s", guard)):
+        return None  # one inequality of one size, nothing else: sympify must not read `and`/`or` as Python
     size = sympy.Symbol("s", integer=True)
     try:
         expression = sympy.sympify(_SIZE.sub("s", guard), locals={"s": size})

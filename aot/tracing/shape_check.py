@@ -64,7 +64,10 @@ def check_at_second_shape(
         return f"not checked at a second shape: {error}"
     shape = f"batch {SECOND_BATCH}, sequence {SECOND_SEQUENCE}"
     with torch.no_grad():
-        expected = flatten_outputs(model(**inputs, **static_kwargs))
+        try:
+            expected = flatten_outputs(model(**inputs, **static_kwargs))
+        except Exception as error:  # the model itself cannot take these inputs: nothing to compare with
+            return f"not checked at a second shape ({shape}): the model fails on it: {type(error).__name__}"
         try:
             actual = flatten_outputs(graph_module(**inputs))
         except Exception as error:

@@ -70,7 +70,7 @@ def test_the_onnx_model_quantises_like_the_graph_and_ort_runs_int8_kernels(int8_
     onnx.checker.check_model(model, full_check=True)
     ops = _op_types(model)
     per_tensor = graph_module.get_submodule(layers[0]).activations == "per_tensor"
-    quantizer = "DynamicQuantizeLinear" if per_tensor else "Round"  # per token: Abs, ReduceMax, Div, Round, Clip, Cast
+    quantizer = "DynamicQuantizeLinear" if per_tensor else "Round"  # per token: Abs, ReduceMax, Div, Mul, Round, Add, Cast
     assert ops[quantizer] == len(layers) and ops["MatMulInteger"] == len(layers), ops
     int8_initializers = [tensor for tensor in model.graph.initializer if tensor.data_type == onnx.TensorProto.INT8]
     assert len(int8_initializers) == len(layers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,9 @@ CHILD = textwrap.dedent(
     libc = ctypes.CDLL(None)
     # Transparent huge pages would count a 2 MiB page as one fault, as and when the kernel has one free:
     # off, every 4 KiB page faults once, whatever else the machine does (PR_SET_THP_DISABLE = 41).
-    assert libc.prctl(41, 1, 0, 0, 0) == 0
+    if libc.prctl(41, 1, 0, 0, 0) != 0:
+        print("no-prctl")
+        sys.exit(0)
     # glibc raises its mmap threshold by itself as blocks are freed, more or less depending on what ran
     # before: start both runs from its documented default, 128 KiB (M_MMAP_THRESHOLD = -3).
     assert libc.mallopt(-3, 128 * 1024) == 1
@@ -44,7 +47,7 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the setting is glibc's")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
 def test_load_keeps_large_freed_blocks_for_reuse(tmp_path):
     save_graph_module(torch.fx.symbolic_trace(models.convnet()), tmp_path / "gm")
     script = tmp_path / "child.py"
@@ -53,6 +56,8 @@ def test_load_keeps_large_freed_blocks_for_reuse(tmp_path):
     def faults(mode: str) -> int:
         completed = subprocess.run([sys.executable, str(script), str(tmp_path / "gm"), mode], capture_output=True, text=True)
         assert completed.returncode == 0, completed.stderr
+        if completed.stdout.strip() == "no-prctl":
+            pytest.skip("this kernel or sandbox refuses PR_SET_THP_DISABLE: the fault counts would not be exact")
         return int(completed.stdout)
 
     pages = 12 * 2**20 // 4096

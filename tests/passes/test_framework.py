@@ -195,3 +195,11 @@ def test_unknown_option_is_rejected():
     with pytest.raises(ValidationError, match="extra"):
         MergeLinears(min_group=3)
     assert repr(MergeLinears(min_group_size=3)) == "MergeLinears(min_group_size=3, across_scopes=False)"
+
+
+def test_reversing_with_other_options_than_the_transformation_is_an_error_not_a_no_op():
+    graph_module = fx_graph(Scale(), torch.randn(2))
+    ScaleMulBy(factor=5.0)(graph_module)
+    with pytest.raises(PassError, match=r"""no node carries the marks of scale_mul_by, but some carry those of scale_mul_by\({"factor":5.0}\)"""):
+        ScaleMulBy()(graph_module, reverse=True)
+    assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 15.0)), "nothing was reversed"

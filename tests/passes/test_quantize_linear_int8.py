@@ -171,3 +171,36 @@ def test_options_are_typed():
         QuantizeLinearInt8(activations="per_row")
     with pytest.raises(ValidationError):
         QuantizeLinearInt8(skip=["classifier"], unknown=1)
+
+
+@pytest.mark.parametrize("activations", ["per_tensor", "per_token"])
+def test_one_dimensional_and_empty_inputs_run_like_a_linear_layer(activations):
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 8)
+    layer = Int8DynamicLinear.from_linear(linear, activations=activations).eval()
+    with torch.no_grad():
+        vector = torch.randn(16)
+        assert layer(vector).shape == (8,)
+        torch.testing.assert_close(layer(vector), layer(vector[None])[0])
+        empty = torch.randn(0, 5, 16)
+        assert layer(empty).shape == (0, 5, 8) == linear(empty).shape
+
+
+def test_layers_packed_from_several_threads_leave_the_quantized_engine_as_it_was():
+    import threading
+
+    before = torch.backends.quantized.engine
+    assert {"onednn", "fbgemm"} <= set(torch.backends.quantized.supported_engines), "precondition: both engines here"
+    torch.manual_seed(0)
+    layers = [Int8DynamicLinear.from_linear(nn.Linear(64, 64), engine=engine) for engine in ("onednn", "fbgemm") * 8]
+    threads = [threading.Thread(target=layer.packed_params) for layer in layers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert torch.backends.quantized.engine == before
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        for layer in layers:  # each packed for its own engine: the kernel still computes the formula
+            torch.testing.assert_close(layer(x), F.linear(_int8_fake_quantized_activation(x), layer.dequantized_weight(), layer.bias),
+                                       rtol=1e-4, atol=1e-4)

@@ -29,6 +29,9 @@ def test_the_excluded_size_is_solved_from_the_guard():
     inside = MOBILEBERT_REFUSAL.replace("!= 1.", "!= 9.")
     assert narrowed_default_range(inside, ranges, {}) is None, "a hole inside the range is not an end to move"
     assert narrowed_default_range(MOBILEBERT_REFUSAL, ranges, {"seq": (2, 64)}) is None, "a range the caller gave stays"
+    compound = MOBILEBERT_REFUSAL.replace("((-1) + L['input_ids'].size()[1]) != 1", "L['input_ids'].size()[1] != 5 and L['input_ids'].size()[1] != 2")
+    assert narrowed_default_range(compound, ranges, {}) is None, "only one inequality of one size is solved"
+    assert narrowed_default_range(MOBILEBERT_REFUSAL, {"batch": [1, None], "seq": [2, 2]}, {}) is None, "no empty range"
 
 
 def _inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
