@@ -61,15 +61,18 @@ def _available_device(loaded: LoadedRecipe) -> torch.device:
     return device
 
 
-def load_tokenizer(loaded: LoadedRecipe) -> Any:
-    if loaded.recipe.model.pretrained is None:
-        raise loaded.error(("inputs", "texts"), "texts need a pretrained model directory that holds a tokenizer")
+def load_tokenizer(loaded: LoadedRecipe, directory: Path | None = None, key: tuple = ("model", "pretrained")) -> Any:
+    """The tokenizer in ``directory`` (``key`` names it in errors); by default the pretrained model's."""
+    if directory is None:
+        if loaded.recipe.model.pretrained is None:
+            raise loaded.error(("inputs", "texts"), "texts need a pretrained model directory that holds a tokenizer")
+        directory = pretrained_directory(loaded)
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(pretrained_directory(loaded)), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as error:
-        raise loaded.error(("model", "pretrained"), f"cannot load its tokenizer: {first_line(error)}") from None
+        raise loaded.error(key, f"cannot load its tokenizer: {first_line(error)}") from None
 
 
 def _from_factory(loaded: LoadedRecipe) -> torch.nn.Module:

@@ -107,12 +107,20 @@ def _check_accuracy_gate(loaded: LoadedRecipe) -> None:
     if accuracy.data == "texts":
         if not loaded.recipe.inputs.texts:
             raise loaded.error(("validate", "accuracy", "data"), "`texts` names inputs.texts, which this recipe does not give")
-        return
-    path = accuracy_data_path(loaded)
-    if not path.is_file():
-        raise loaded.error(("validate", "accuracy", "data"), f"data file not found: {path}")
-    if path.suffix not in (".txt", ".jsonl", ".safetensors"):
-        raise loaded.error(("validate", "accuracy", "data"), "a data file is .txt, .jsonl or .safetensors")
+    else:
+        path = accuracy_data_path(loaded)
+        if not path.is_file():
+            raise loaded.error(("validate", "accuracy", "data"), f"data file not found: {path}")
+        if path.suffix not in (".txt", ".jsonl", ".safetensors"):
+            raise loaded.error(("validate", "accuracy", "data"), "a data file is .txt, .jsonl or .safetensors")
+        if path.suffix == ".safetensors":
+            return  # already the model's inputs: no tokenizer
+    directory = tokenizer_directory(loaded)
+    if directory is None:
+        raise loaded.error(("validate", "accuracy", "data"), "text data needs a tokenizer: model.pretrained, or "
+                           "validate.accuracy.tokenizer for a model built from a config")
+    if not directory.is_dir():
+        raise loaded.error(("validate", "accuracy", "tokenizer", "pretrained"), f"tokenizer directory not found: {directory}")
 
 
 def accuracy_data_path(loaded: LoadedRecipe) -> Path:
@@ -208,16 +216,30 @@ def _read_json_object(loaded: LoadedRecipe, path: Path) -> dict[str, Any]:
 def pretrained_directory(loaded: LoadedRecipe) -> Path:
     model = loaded.recipe.model
     assert model.pretrained is not None
-    if model.package:
+    return _resolved_directory(loaded, model.pretrained, model.package, ("model", "package"))
+
+
+def tokenizer_directory(loaded: LoadedRecipe) -> Path | None:
+    """The directory whose tokenizer encodes text: the accuracy gate's own, else the pretrained model's; None if neither."""
+    accuracy = loaded.recipe.validate_.accuracy
+    source = accuracy.tokenizer if accuracy is not None else None
+    if source is not None:
+        return _resolved_directory(loaded, source.pretrained, source.package, ("validate", "accuracy", "tokenizer", "package"))
+    return pretrained_directory(loaded) if loaded.recipe.model.pretrained is not None else None
+
+
+def _resolved_directory(loaded: LoadedRecipe, relative: str, package: str | None, package_key: Location) -> Path:
+    """``relative`` under ``package``'s install directory when given, else under the recipe file's directory."""
+    if package:
         import importlib.util
 
-        spec = importlib.util.find_spec(model.package)
+        spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
-            raise loaded.error(("model", "package"), f"package '{model.package}' is not installed")
+            raise loaded.error(package_key, f"package '{package}' is not installed")
         base = Path(next(iter(spec.submodule_search_locations)))
     else:
         base = loaded.path.parent
-    return (base / model.pretrained).resolve()
+    return (base / relative).resolve()
 
 
 def recipe_json_schema() -> dict[str, Any]:

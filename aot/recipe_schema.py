@@ -171,16 +171,30 @@ class AccuracyMetrics(_Strict):
         return self
 
 
+class TokenizerSource(_Strict):
+    """A local pretrained directory whose tokenizer turns text data into the model's inputs."""
+
+    pretrained: str = Field(
+        ..., description="Directory holding the tokenizer files; relative to `package`'s install directory when "
+        "given, else to the recipe file (as model.pretrained)."
+    )
+    package: str | None = Field(None, description="Python package whose install directory `pretrained` is relative to.")
+
+
 class AccuracySpec(_Strict):
     """An accuracy gate: task metrics on real data, for graphs whose passes change the computation."""
 
     data: str = Field(
         "texts",
         description="`texts` (the recipe's inputs.texts), or a file relative to the recipe: .txt (one example a "
-        "line), .jsonl (the `text_field` of each line), both tokenised with the pretrained model's tokenizer, or "
+        "line), .jsonl (the `text_field` of each line), both tokenised with the pretrained model's tokenizer (or `tokenizer`'s), or "
         ".safetensors (one tensor per recipe input, examples along the first axis).",
     )
     text_field: str = Field("text", description="The field holding the text in a .jsonl data set.")
+    tokenizer: TokenizerSource | None = Field(
+        None, description="Where text data's tokenizer comes from when not from model.pretrained (a model built "
+        "from a config has none)."
+    )
     output: str | None = Field(None, description="The output the metrics read (a name `aot` gives outputs); default the first.")
     pooling: Literal["mean", "cls", "none"] = Field(
         "mean",

