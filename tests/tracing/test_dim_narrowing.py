@@ -11,8 +11,8 @@ from aot.outputs import flatten_outputs
 from aot.tracing import export_trace
 from aot.tracing.dim_narrowing import narrowed_default_range
 from aot.validate import eager_outputs
+from tests.tracing.tracing_zoo import EXPORT_DIMS, unpadded_token_inputs
 
-DIMS = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
 MOBILEBERT_REFUSAL = (
     "Constraints violated (seq)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
     "  - Not all values of seq = L['input_ids'].size()[1] in the specified range seq <= 64 satisfy the generated guard "
@@ -34,12 +34,6 @@ def test_the_excluded_size_is_solved_from_the_guard():
     assert narrowed_default_range(MOBILEBERT_REFUSAL, {"batch": [1, None], "seq": [2, 2]}, {}) is None, "no empty range"
 
 
-def _inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(batch * 100 + sequence)
-    return {"input_ids": torch.randint(0, 99, (batch, sequence), generator=generator),
-            "attention_mask": torch.ones(batch, sequence, dtype=torch.long)}
-
-
 def _mobilebert():
     torch.manual_seed(0)
     config = transformers.MobileBertConfig(vocab_size=99, hidden_size=32, embedding_size=16, intermediate_size=37, num_hidden_layers=2,
@@ -57,12 +51,12 @@ def _gpt_neo():
 @pytest.mark.parametrize(("make", "seq_range"), [(_mobilebert, [3, 64]), (_gpt_neo, [2, 63])], ids=["mobilebert", "gpt_neo"])
 def test_models_excluding_an_end_of_the_default_range_export_and_match_eager(make, seq_range):
     model = make()
-    graph_module = export_trace(model, _inputs(2, 16), dynamic_dims=DIMS)
+    graph_module = export_trace(model, unpadded_token_inputs(2, 16), dynamic_dims=EXPORT_DIMS)
     report = graph_module.meta["trace_report"]
     assert report["dim_ranges"]["seq"] == seq_range
     assert any(note.startswith("dynamic dim 'seq'") for note in report["notes"]), report["notes"]
     for batch, sequence in ((1, 5), (2, 16), (3, 23)):
-        inputs = _inputs(batch, sequence)
+        inputs = unpadded_token_inputs(batch, sequence)
         expected = eager_outputs(model, inputs)  # with use_cache=False where the forward takes it, as traced
         with torch.no_grad():
             got = flatten_outputs(graph_module(**inputs))
@@ -72,4 +66,4 @@ def test_models_excluding_an_end_of_the_default_range_export_and_match_eager(mak
 
 def test_a_range_the_caller_gave_is_not_narrowed():
     with pytest.raises(TraceError, match=r"Constraints violated \(seq\)"):
-        export_trace(_mobilebert(), _inputs(2, 16), dynamic_dims=DIMS, dim_ranges={"seq": (2, 64)})
+        export_trace(_mobilebert(), unpadded_token_inputs(2, 16), dynamic_dims=EXPORT_DIMS, dim_ranges={"seq": (2, 64)})

@@ -7,14 +7,8 @@ import transformers
 
 from aot.outputs import flatten_outputs
 from aot.tracing import export_trace
+from tests.tracing.tracing_zoo import EXPORT_DIMS, unpadded_token_inputs
 
-DIMS = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
-
-
-def _inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(batch * 100 + sequence)
-    return {"input_ids": torch.randint(0, 99, (batch, sequence), generator=generator),
-            "attention_mask": torch.ones(batch, sequence, dtype=torch.long)}
 
 
 def test_a_decoder_whose_config_asks_for_a_cache_exports_and_matches_eager():
@@ -24,12 +18,12 @@ def test_a_decoder_whose_config_asks_for_a_cache_exports_and_matches_eager():
     model = transformers.LlamaModel(config).eval()
     assert model.config.use_cache, "precondition: eager returns a DynamicCache, which torch.export cannot return"
 
-    graph_module = export_trace(model, _inputs(2, 16), dynamic_dims=DIMS)
+    graph_module = export_trace(model, unpadded_token_inputs(2, 16), dynamic_dims=EXPORT_DIMS)
 
     assert graph_module.meta["trace_report"]["notes"] == ["traced with use_cache=False"]
     assert model.config.use_cache, "the model's config is as it was"
     for batch, sequence in ((1, 5), (2, 16), (3, 12)):
-        inputs = _inputs(batch, sequence)
+        inputs = unpadded_token_inputs(batch, sequence)
         with torch.no_grad():
             expected, got = flatten_outputs(model(**inputs, use_cache=False)), flatten_outputs(graph_module(**inputs))
         assert list(got) == ["last_hidden_state"]

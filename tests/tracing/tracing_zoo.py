@@ -36,6 +36,16 @@ def _text_inputs(names, batch, seq, decoder_seq=None, type_vocab=2):
     return inputs
 
 
+# Token inputs with no padding and their dynamic dims, for the export frontend's tests.
+EXPORT_DIMS = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+
+
+def unpadded_token_inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch * 100 + sequence)
+    return {"input_ids": torch.randint(0, VOCAB, (batch, sequence), generator=generator),
+            "attention_mask": torch.ones(batch, sequence, dtype=torch.long)}
+
+
 def _image_inputs(batch, size, channels=3):
     generator = torch.Generator().manual_seed(batch * 100 + size)
     return {"pixel_values": torch.randn(batch, channels, size, size, generator=generator)}
