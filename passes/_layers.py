@@ -46,6 +46,15 @@ def layer_parameters(graph_module: GraphModule, node: Node, layer_class: type[nn
     return Match.ok((get_attribute(graph_module, str(weight.target)), bias_tensor))
 
 
+def call_sites(graph_module: GraphModule, layer_class: type[nn.Module]) -> dict[str, list[Node]]:
+    """Each ``layer_class`` submodule called in the graph, by path, with its call nodes in graph order."""
+    sites: dict[str, list[Node]] = {}
+    for node in graph_module.graph.nodes:
+        if node.op == "call_module" and isinstance(graph_module.get_submodule(str(node.target)), layer_class):
+            sites.setdefault(str(node.target), []).append(node)
+    return sites
+
+
 def layer_used_elsewhere(graph_module: GraphModule, node: Node) -> bool:
     target = str(node.target)
     for other in graph_module.graph.nodes:

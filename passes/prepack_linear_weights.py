@@ -48,6 +48,7 @@ from torch.fx import GraphModule, Node
 
 from aot.runtime.onednn_linear import OneDNNLinear
 
+from ._layers import call_sites
 from ._modules import delete_if_unreferenced, set_submodule
 from ._nodes import called_on_one_input, inherit_provenance
 from .base import ReversibleTransformation
@@ -94,11 +95,7 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
         A layer called at several sites keeps the activations after it: a near
         miss of the pattern "linear, then its activation", noted.
         """
-        sites: dict[str, list[Node]] = {}
-        for node in graph_module.graph.nodes:
-            if node.op == "call_module" and isinstance(graph_module.get_submodule(str(node.target)), nn.Linear):
-                sites.setdefault(str(node.target), []).append(node)
-        for target, nodes in sites.items():
+        for target, nodes in call_sites(graph_module, nn.Linear).items():
             if len(nodes) > 1 and self.options.fuse_activation and any(_activation_after(graph_module, node) for node in nodes):
                 yield Match.fail(f"'{target}' is called at {len(nodes)} sites, its activation is not fused", node=nodes[0])
             yield Match.ok(_Layer(target, nodes), sites=len(nodes))

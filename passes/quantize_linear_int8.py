@@ -62,6 +62,7 @@ from torch.fx import GraphModule, Node
 
 from aot.runtime.int8_linear import Int8DynamicLinear
 
+from ._layers import call_sites
 from ._modules import set_submodule
 from ._nodes import called_on_one_input
 from .registry import register_pass
@@ -94,11 +95,7 @@ class QuantizeLinearInt8(RewriteRule):
 
     def candidates(self, graph_module: GraphModule) -> Iterator[Match[tuple[str, list[Node]]]]:
         """Each nn.Linear with all its call sites: one module, quantised once."""
-        sites: dict[str, list[Node]] = {}
-        for node in graph_module.graph.nodes:
-            if node.op == "call_module" and isinstance(graph_module.get_submodule(str(node.target)), nn.Linear):
-                sites.setdefault(str(node.target), []).append(node)
-        for target, nodes in sites.items():
+        for target, nodes in call_sites(graph_module, nn.Linear).items():
             yield Match.ok((target, nodes), sites=len(nodes))
 
     def check(self, graph_module: GraphModule, layer: tuple[str, list[Node]]) -> Match[tuple[str, list[Node]]]:
