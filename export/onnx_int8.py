@@ -93,12 +93,11 @@ def lower_int8_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, 
     The graph is copied; ``gm`` and its modules are left as they are. A graph without
     int8 layers comes back unchanged, with an empty table.
     """
-    layers = [node for node in gm.graph.nodes if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), Int8DynamicLinear)]
-    if not layers:
+    if not _int8_calls(gm):
         return gm, {}
     lowered = torch.fx.GraphModule(gm, _copy_graph(gm.graph))
     graph = lowered.graph
-    for node in [node for node in graph.nodes if node.op == "call_module" and isinstance(lowered.get_submodule(str(node.target)), Int8DynamicLinear)]:
+    for node in _int8_calls(lowered):
         layer = lowered.get_submodule(str(node.target))
         with graph.inserting_before(node):
             tensors = [graph.get_attr(f"{node.target}.{name}") for name in ("weight", "weight_scale")]
@@ -110,6 +109,10 @@ def lower_int8_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, 
         graph.erase_node(node)
     lowered.recompile()
     return lowered, dict(_CUSTOM_OPS.values())
+
+
+def _int8_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [node for node in gm.graph.nodes if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), Int8DynamicLinear)]
 
 
 def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
