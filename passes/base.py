@@ -31,6 +31,7 @@ Passes that rewrite patterns build on ``rule.py``'s ``RewriteRule``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -151,9 +152,13 @@ class Transformation(ABC):
 
     # -- the reference API -------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def signature(self) -> str:
-        """This transformation with its options: its name, and the options that differ from the defaults."""
+        """This transformation with its options: its name, and the options that differ from the defaults.
+
+        Computed once, as Optimum's is: every mark test reads it, once a node, and the options are set
+        when the transformation is made.
+        """
         fields = type(self.options).model_fields
         dumped = self.options.model_dump(mode="json")
         changed = {
