@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,9 @@ from aot.validate import (
     eager_outputs,
     eager_runner,
     raise_on_failure,
-    validate_artifacts,
     validate_graph,
+    validate_graph_module_artifact,
+    validate_onnx_artifact,
 )
 
 log = logging.getLogger(__name__)
@@ -142,22 +144,35 @@ def _build(
                     report.validation, report.accuracy = validate_graph(loaded, graph_module, cases, expected, gate)
                 _write_graph_module(loaded, graph_module, staging, report, stage)
                 hashed_beside_export = hash_files(staging)
+                if onnx.in_child:  # the child exports from its own view of the graph: this one goes now, not after
+                    graph_module = None
+                    release_freed_memory()
         except BaseException:
             onnx.cancel()
             raise
         report.onnx_fusions = onnx.finish(staging / "model.onnx", recipe.model, stage)
-        del graph_module  # artifacts are validated from disk, as deployed
-        release_freed_memory()
-        report.files = describe_files(staging, earlier=hashed_beside_export)
+        if graph_module is not None:  # exported in process (or not at all)
+            graph_module = None  # artifacts are validated from disk, as deployed
+            release_freed_memory()
+        # The ONNX files are hashed while ONNX Runtime validates them: both wait on other code
+        # than Python's (hashlib and onnxruntime release the GIL), so the two overlap.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-hash") as hashing:
+            files = hashing.submit(describe_files, staging, hashed_beside_export)
+            _add(report, validate_onnx_artifact(loaded, cases, expected, staging, stage, gate))
+            report.files = files.result()
         # module.py runs as hashed: what the manifest lists is what was validated.
         sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
-        validation, accuracy = validate_artifacts(loaded, cases, expected, staging, stage, sha256_of, gate)
-        report.validation += validation
-        report.accuracy += accuracy
+        _add(report, validate_graph_module_artifact(loaded, cases, expected, staging, stage, sha256_of, gate))
         raise_on_failure(report.validation, report.accuracy)
         _note_time_and_memory(report, memory, started)
         manifest_path = _write(write_manifest, staging, _manifest(loaded, report))
         report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+
+
+def _add(report: BuildReport, checked: tuple[list[Comparison], list[AccuracyResult]]) -> None:
+    validation, accuracy = checked
+    report.validation += validation
+    report.accuracy += accuracy
 
 
 def _run_passes(

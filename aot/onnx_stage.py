@@ -83,6 +83,11 @@ class OnnxStage:
 
         return cls(options, ForkedStep("export_onnx", export_onnx, on_child=on_child))
 
+    @property
+    def in_child(self) -> bool:
+        """Whether the export runs in a forked child, beside the build (not in process, nor not at all)."""
+        return self._step is not None and not self._step.in_process
+
     @contextmanager
     def beside(self) -> Iterator[None]:
         """Torch's threads for work done while the child exports: one core is the child's.
@@ -90,7 +95,7 @@ class OnnxStage:
         Two threads here would slow the export, the longest stage, more than they speed up
         what runs beside it.
         """
-        if self._step is None or self._step.in_process:
+        if not self.in_child:
             yield
             return
         previous = torch.get_num_threads()

@@ -192,11 +192,27 @@ def quiet_exporter_logs():
         registration.setLevel(level)
 
 
+@contextlib.contextmanager
+def _no_node_stack_traces():
+    """torch.export and its decompositions without a Python stack trace recorded for every node.
+
+    The ONNX file drops them (:data:`_DROPPED_NODE_METADATA`: they hold file paths and line
+    numbers), and extracting and symbolising them was a second of BERT-base's export on
+    two cores. Errors keep their own tracebacks, which is what :func:`_exporter_reason` reads.
+    """
+    previous = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        torch.fx.config.do_not_emit_stack_traces = previous
+
+
 def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations):
     try:
         # Quieted here, not by the caller: the build runs this in a forked child, whose stderr is
         # the terminal. quiet_torch comes second, so that it holds the registration logger too.
-        with quiet_exporter_logs(), quiet_torch("torch.onnx.export"):
+        with quiet_exporter_logs(), quiet_torch("torch.onnx.export"), _no_node_stack_traces():
             program = torch.onnx.export(
                 gm,
                 (),
