@@ -31,15 +31,7 @@ from aot.pipeline import PassRecord, run_pipeline
 from aot.recipe import LoadedRecipe, load_recipe
 from aot.stages import Progress, Stages
 from aot.accuracy import AccuracyResult, make_gate
-from aot.validate import (
-    Comparison,
-    eager_outputs,
-    eager_runner,
-    raise_on_failure,
-    validate_graph,
-    validate_graph_module_artifact,
-    validate_onnx_artifact,
-)
+from aot.validate import ArtifactChecks, Comparison, eager_outputs, eager_runner, raise_on_failure, validate_graph
 
 log = logging.getLogger(__name__)
 
@@ -156,13 +148,13 @@ def _build(
             release_freed_memory()
         # The ONNX files are hashed while ONNX Runtime validates them: both wait on other code
         # than Python's (hashlib and onnxruntime release the GIL), so the two overlap.
+        checks = ArtifactChecks(loaded, cases, expected, staging, stage, gate)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-hash") as hashing:
             files = hashing.submit(describe_files, staging, hashed_beside_export)
-            _add(report, validate_onnx_artifact(loaded, cases, expected, staging, stage, gate))
+            _add(report, checks.onnx())
             report.files = files.result()
         # module.py runs as hashed: what the manifest lists is what was validated.
-        sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
-        _add(report, validate_graph_module_artifact(loaded, cases, expected, staging, stage, sha256_of, gate))
+        _add(report, checks.graph_module(lambda relative: report.files[relative]["sha256"]))
         raise_on_failure(report.validation, report.accuracy)
         _note_time_and_memory(report, memory, started)
         manifest_path = _write(write_manifest, staging, _manifest(loaded, report))

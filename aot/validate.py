@@ -6,9 +6,9 @@
 - :func:`bisect`: on a failure, re-run the passes one by one and name the first that diverged;
 - an accuracy gate (:mod:`aot.accuracy`), when a pass changes the computation: each artifact is
   scored by task metrics on real data, and :func:`bisect_gate` names the first pass it fails after;
-- :func:`validate_artifacts`: the files a build writes, loaded as users load them: the ONNX model
-  in ONNX Runtime (:func:`validate_onnx_artifact`), the saved GraphModule through its own
-  ``module.py`` (``load``, torch alone; :func:`validate_graph_module_artifact`);
+- :class:`ArtifactChecks` (and :func:`validate_artifacts`, both of its checks): the files a build
+  writes, loaded as users load them: the ONNX model in ONNX Runtime, the saved GraphModule
+  through its own ``module.py`` (``load``, torch alone);
 - :func:`validate_directory`: ``aot validate DIR``: the directory's integrity first
   (:mod:`aot.integrity`), then the numerics, with nothing from DIR run before its hash matched.
 
@@ -264,76 +264,76 @@ def validate_artifacts(
     sha256_of: Callable[[str], str | None] = lambda relative: None,
     gate: Gate | None = None,
 ) -> tuple[list[Comparison], list[AccuracyResult]]:
-    """The ONNX model and the saved GraphModule in ``directory``, loaded as users load them, against eager.
-
-    :func:`validate_onnx_artifact`, then :func:`validate_graph_module_artifact`; each is skipped
-    when its file is not there.
-    """
-    onnx_results, onnx_accuracy = validate_onnx_artifact(loaded, cases, expected, directory, stage, gate)
-    module_results, module_accuracy = validate_graph_module_artifact(loaded, cases, expected, directory, stage, sha256_of, gate)
+    """The ONNX model, then the saved GraphModule, in ``directory``: :class:`ArtifactChecks`."""
+    checks = ArtifactChecks(loaded, cases, expected, directory, stage or _unnamed_stage, gate)
+    onnx_results, onnx_accuracy = checks.onnx()
+    module_results, module_accuracy = checks.graph_module(sha256_of)
     return onnx_results + module_results, onnx_accuracy + module_accuracy
 
 
-def validate_onnx_artifact(
-    loaded: LoadedRecipe,
-    cases: list[ShapeCase],
-    expected: list[dict[str, Any]],
-    directory: Path,
-    stage: Callable[[str], AbstractContextManager[None]] | None = None,
-    gate: Gate | None = None,
-) -> tuple[list[Comparison], list[AccuracyResult]]:
-    """``model.onnx`` in ONNX Runtime against eager (stage ``validate_onnx``), and on the gate's data when there is one."""
-    from aot import export
+@dataclass
+class ArtifactChecks:
+    """The files a build wrote in ``directory``, loaded as users load them, against eager.
 
-    onnx_path = directory / "model.onnx"
-    if not onnx_path.is_file():
-        return [], []
-    accuracy: list[AccuracyResult] = []
-    with (stage or _unnamed_stage)("validate_onnx"):
-        onnx_options = loaded.recipe.export.onnx
-        tolerances = loaded.recipe.validate_.float16 if onnx_options.float16 else loaded.recipe.validate_
-        run = lambda case: export.run_onnx(onnx_path, case.inputs)  # noqa: E731
-        gated = gate is not None and changes_computation(loaded)
-        results = check_artifact("onnx", run, cases, expected, tolerances, "model.onnx in onnxruntime", gated)
-        if gate is not None:
-            accuracy.append(gate.measure("onnx", lambda batch: export.run_onnx(onnx_path, batch)))
-        export.release_sessions()
-    release_freed_memory()
-    return results, accuracy
-
-
-def validate_graph_module_artifact(
-    loaded: LoadedRecipe,
-    cases: list[ShapeCase],
-    expected: list[dict[str, Any]],
-    directory: Path,
-    stage: Callable[[str], AbstractContextManager[None]] | None = None,
-    sha256_of: Callable[[str], str | None] = lambda relative: None,
-    gate: Gate | None = None,
-) -> tuple[list[Comparison], list[AccuracyResult]]:
-    """``graph_module/`` through its own ``module.py`` (``load``, torch alone), the code users run, against eager.
-
-    ``sha256_of(relative path)``: the digest ``module.py`` must have when it is executed (its text
-    is hashed as it is read, so what runs is what was checked). Stage ``validate_graph_module``;
-    with a ``gate``, the artifact is also scored on the gate's data.
+    Each check is skipped (empty lists) when its file is not there, runs under its stage
+    (``validate_onnx``, ``validate_graph_module``), and with a ``gate`` also scores the
+    artifact on the gate's data. The build runs the two apart: it hashes the ONNX files
+    while ONNX Runtime checks them.
     """
-    from aot import export
 
-    module_file = "graph_module/module.py"
-    if not (directory / module_file).is_file():
-        return [], []
-    accuracy: list[AccuracyResult] = []
-    with (stage or _unnamed_stage)("validate_graph_module"):
-        # The malloc setting module.py's load makes by default changes no result, only this process's memory.
-        saved = export.load_standalone(directory / "graph_module", sha256_of(module_file), keep_freed_memory=False)
-        saved = saved.to(loaded.recipe.model.device)
-        run = lambda case: run_module(saved, case)  # noqa: E731
-        gated = gate is not None and changes_computation(loaded)
-        results = check_artifact("graph_module", run, cases, expected, loaded.recipe.validate_, f"{module_file} load()", gated)
-        if gate is not None:
-            accuracy.append(gate.measure("graph_module", lambda batch: saved(**batch)))
-        del saved, run
-    return results, accuracy
+    loaded: LoadedRecipe
+    cases: list[ShapeCase]
+    expected: list[dict[str, Any]]
+    directory: Path
+    stage: Callable[[str], AbstractContextManager[None]]
+    gate: Gate | None = None
+
+    def onnx(self) -> tuple[list[Comparison], list[AccuracyResult]]:
+        """``model.onnx`` in ONNX Runtime."""
+        from aot import export
+
+        onnx_path = self.directory / "model.onnx"
+        if not onnx_path.is_file():
+            return [], []
+        accuracy: list[AccuracyResult] = []
+        with self.stage("validate_onnx"):
+            onnx_options = self.loaded.recipe.export.onnx
+            tolerances = self.loaded.recipe.validate_.float16 if onnx_options.float16 else self.loaded.recipe.validate_
+            run = lambda case: export.run_onnx(onnx_path, case.inputs)  # noqa: E731
+            results = check_artifact("onnx", run, self.cases, self.expected, tolerances, "model.onnx in onnxruntime", self._gated)
+            if self.gate is not None:
+                accuracy.append(self.gate.measure("onnx", lambda batch: export.run_onnx(onnx_path, batch)))
+            export.release_sessions()
+        release_freed_memory()
+        return results, accuracy
+
+    def graph_module(self, sha256_of: Callable[[str], str | None]) -> tuple[list[Comparison], list[AccuracyResult]]:
+        """``graph_module/`` through its own ``module.py`` (``load``, torch alone), the code users run.
+
+        ``sha256_of(relative path)``: the digest ``module.py`` must have when it is executed (its
+        text is hashed as it is read, so what runs is what was checked).
+        """
+        from aot import export
+
+        module_file = "graph_module/module.py"
+        if not (self.directory / module_file).is_file():
+            return [], []
+        accuracy: list[AccuracyResult] = []
+        with self.stage("validate_graph_module"):
+            # The malloc setting module.py's load makes by default changes no result, only this process's memory.
+            saved = export.load_standalone(self.directory / "graph_module", sha256_of(module_file), keep_freed_memory=False)
+            saved = saved.to(self.loaded.recipe.model.device)
+            run = lambda case: run_module(saved, case)  # noqa: E731
+            validate = self.loaded.recipe.validate_
+            results = check_artifact("graph_module", run, self.cases, self.expected, validate, f"{module_file} load()", self._gated)
+            if self.gate is not None:
+                accuracy.append(self.gate.measure("graph_module", lambda batch: saved(**batch)))
+            del saved, run
+        return results, accuracy
+
+    @property
+    def _gated(self) -> bool:
+        return self.gate is not None and changes_computation(self.loaded)
 
 
 def _unnamed_stage(name: str) -> AbstractContextManager[None]:
