@@ -19,16 +19,17 @@ from typing import Any
 import torch
 
 from aot.capture import capture
+from aot.decoding.generation_check import GenerationCheck, GenerationReference
 from aot.eager_guard import check_after_each_pass
 from aot.errors import ExportError
-from aot.inputs import check_input_names, dim_ranges, dynamic_axes, shape_cases
+from aot.inputs import check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.manifest import MANIFEST_VERSION, describe_files, hash_files, tool_versions, write_manifest
 from aot.memory import MemoryWatch, release_freed_memory, resident_mib
 from aot.onnx_stage import OnnxStage
 from aot.models import load_model
 from aot.outdir import check_replaceable, staged_directory
 from aot.pipeline import PassRecord, run_pipeline
-from aot.recipe import LoadedRecipe, load_recipe
+from aot.recipe import LoadedRecipe, is_decoder_with_cache, load_recipe
 from aot.stages import Progress, Stages
 from aot.accuracy import AccuracyResult, make_gate
 from aot.validate import ArtifactChecks, Comparison, eager_outputs, eager_runner, raise_on_failure, validate_graph
@@ -50,10 +51,11 @@ class BuildReport:
     memory: dict[str, float] = field(default_factory=dict)
     peak_rss_by_stage: dict[str, float] = field(default_factory=dict)
     onnx_fusions: dict[str, int] = field(default_factory=dict)
+    generation: list[GenerationCheck] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.validation) and all(a.ok for a in self.accuracy)
+        return all(c.ok for c in self.validation + self.accuracy + self.generation)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,7 @@ class BuildReport:
             "onnx_fusions": self.onnx_fusions,
             "validation": [c.to_json() for c in self.validation],
             "accuracy": [a.to_json() for a in self.accuracy],
+            "generation": [g.to_json() for g in self.generation],
             "files": self.files,
             "memory": self.memory,
         }
@@ -123,17 +126,22 @@ def _build(
 
     with staged_directory(target) as staging:
         _write(lambda path, text: path.write_text(text, encoding="utf-8"), staging / "recipe.yaml", loaded.text)
+        onnx_names = onnx_input_names(loaded, model)
         onnx = OnnxStage.start(recipe.export.onnx, graph_module, model, cases, staging / "model.onnx",
-                               dynamic_axes(loaded), dim_ranges(loaded), on_child=memory.track)
+                               dynamic_axes(loaded, model), dim_ranges(loaded, model), on_child=memory.track,
+                               input_names=onnx_names)
         try:
             with onnx.beside():
                 with stage("eager_outputs"):
                     expected = [eager_outputs(model, case.inputs) for case in cases]
                     gate = make_gate(loaded, eager_runner(model), model)  # task metrics on real data, when the recipe asks
+                    generation = _generation_reference(loaded, model)  # eager generate's tokens, for a decoder step
                 del model  # its outputs are the reference; the graph is now its weights' only owner
                 release_freed_memory()
                 with stage("validate_graph"):
                     report.validation, report.accuracy = validate_graph(loaded, graph_module, cases, expected, gate)
+                if generation is not None:  # module.py then carries generate()
+                    graph_module.meta["decoder"] = generation.artifact_meta
                 _write_graph_module(loaded, graph_module, staging, report, stage)
                 hashed_beside_export = hash_files(staging)
                 if onnx.in_child:  # the child exports from its own view of the graph: this one goes now, not after
@@ -148,14 +156,18 @@ def _build(
             release_freed_memory()
         # The ONNX files are hashed while ONNX Runtime validates them: both wait on other code
         # than Python's (hashlib and onnxruntime release the GIL), so the two overlap.
-        checks = ArtifactChecks(loaded, cases, expected, staging, stage, gate)
+        checks = ArtifactChecks(loaded, cases, expected, staging, stage, gate, onnx_names)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-hash") as hashing:
             files = hashing.submit(describe_files, staging, hashed_beside_export)
             _add(report, checks.onnx())
             report.files = files.result()
         # module.py runs as hashed: what the manifest lists is what was validated.
-        _add(report, checks.graph_module(lambda relative: report.files[relative]["sha256"]))
-        raise_on_failure(report.validation, report.accuracy)
+        sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
+        _add(report, checks.graph_module(sha256_of))
+        if generation is not None:
+            with stage("validate_generation"):
+                report.generation = generation.check_files(staging, sha256_of)
+        raise_on_failure(report.validation, report.accuracy + report.generation)
         _note_time_and_memory(report, memory, started)
         manifest_path = _write(write_manifest, staging, _manifest(loaded, report))
         report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
@@ -165,6 +177,14 @@ def _add(report: BuildReport, checked: tuple[list[Comparison], list[AccuracyResu
     validation, accuracy = checked
     report.validation += validation
     report.accuracy += accuracy
+
+
+def _generation_reference(loaded: LoadedRecipe, model: torch.nn.Module) -> GenerationReference | None:
+    """Eager generate's tokens on the recipe's prompts, for a decoder step (``generation.cache``); else None."""
+    if not is_decoder_with_cache(loaded):
+        return None
+    spec = loaded.recipe.generation
+    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, loaded.recipe.model.seed)
 
 
 def _run_passes(
@@ -217,6 +237,7 @@ def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
         "onnx_fusions": report.onnx_fusions,
         "validation": [c.to_json() for c in report.validation],
         "accuracy": [a.to_json() for a in report.accuracy],
+        "generation": [g.to_json() for g in report.generation],
         "artifacts": report.files,
         # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.
         "run": {

@@ -14,7 +14,7 @@ def capture(loaded: LoadedRecipe, model: torch.nn.Module, example_inputs: dict[s
 
     options = loaded.recipe.trace
     if options.frontend == "export":
-        return export_trace(model, example_inputs, dynamic_dims=dynamic_axes(loaded), dim_ranges=dim_ranges(loaded))
+        return export_trace(model, example_inputs, dynamic_dims=dynamic_axes(loaded, model), dim_ranges=dim_ranges(loaded, model))
     return symbolic_trace(
         model,
         input_names=list(example_inputs),

@@ -17,7 +17,7 @@ import torch
 
 from aot.model_blueprint import check_forward_accepts
 from aot.models import forward_parameters, load_tokenizer
-from aot.recipe import LoadedRecipe
+from aot.recipe import LoadedRecipe, is_decoder_with_cache
 from aot.recipe_ranges import shape_case_dims
 from aot.recipe_schema import TensorSpec
 
@@ -34,11 +34,18 @@ class ShapeCase:
 
 def check_input_names(loaded: LoadedRecipe, model: torch.nn.Module) -> None:
     """The built model's forward takes every input the recipe names (a factory model has no earlier check)."""
+    if is_decoder_with_cache(loaded):
+        model = _decoder_step(loaded, model).causal_lm  # the step's inputs are made for it
     check_forward_accepts(loaded, type(model).__name__, forward_parameters(model))
 
 
-def dynamic_axes(loaded: LoadedRecipe) -> dict[str, dict[int, str]]:
-    """``{input: {axis: dim name}}`` for every dynamic dim, the form ONNX and torch.export take."""
+def dynamic_axes(loaded: LoadedRecipe, model: torch.nn.Module | None = None) -> dict[str, dict[int, str]]:
+    """``{input: {axis: dim name}}`` for every dynamic dim, the form ONNX and torch.export take.
+
+    A decoder's KV-cache step (``generation.cache``; ``model`` is then the step) has its own.
+    """
+    if is_decoder_with_cache(loaded):
+        return _decoder_step(loaded, model).dynamic_axes()
     dims = loaded.recipe.inputs.dims
     axes: dict[str, dict[int, str]] = {}
     for tensor in loaded.recipe.inputs.tensors:
@@ -48,17 +55,36 @@ def dynamic_axes(loaded: LoadedRecipe) -> dict[str, dict[int, str]]:
     return axes
 
 
-def dim_ranges(loaded: LoadedRecipe) -> dict[str, tuple[int | None, int | None]]:
+def onnx_input_names(loaded: LoadedRecipe, model: torch.nn.Module) -> dict[str, str]:
+    """``{input name: ONNX input name}`` where they differ: a decoder step's past (``past_key_values.0.key``)."""
+    return _decoder_step(loaded, model).onnx_input_names() if is_decoder_with_cache(loaded) else {}
+
+
+def dim_ranges(loaded: LoadedRecipe, model: torch.nn.Module | None = None) -> dict[str, tuple[int | None, int | None]]:
+    if is_decoder_with_cache(loaded):
+        return _decoder_step(loaded, model).dim_ranges()
     return {name: (dim.min, dim.max) for name, dim in loaded.recipe.inputs.dims.items() if dim.dynamic}
 
 
 def shape_cases(loaded: LoadedRecipe, model: torch.nn.Module) -> list[ShapeCase]:
+    if is_decoder_with_cache(loaded):
+        step = _decoder_step(loaded, model)
+        seed = loaded.recipe.model.seed
+        return [ShapeCase(dims=sizes, inputs=step.case_inputs(sizes, seed + index)) for index, sizes in enumerate(step.check_sizes())]
     # load_recipe has checked validate.shapes against the dims.
     texts_tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
     return [
         ShapeCase(dims=dims, inputs=make_inputs(loaded, model, dims, seed=loaded.recipe.model.seed + index, tokenizer=texts_tokenizer))
         for index, dims in enumerate(shape_case_dims(loaded))
     ]
+
+
+def _decoder_step(loaded: LoadedRecipe, model: torch.nn.Module | None):
+    from aot.decoding.keyword_step import DecoderStep
+
+    if not isinstance(model, DecoderStep):
+        raise TypeError(f"{loaded.path}: generation.cache builds a DecoderStep, not {type(model).__name__}")
+    return model
 
 
 def make_inputs(
@@ -122,4 +148,4 @@ def _tokenized_inputs(loaded: LoadedRecipe, tokenizer: Any, dims: dict[str, int]
     return inputs
 
 
-__all__ = ["ShapeCase", "check_input_names", "dim_ranges", "dynamic_axes", "forward_parameters", "make_inputs", "shape_cases"]
+__all__ = ["ShapeCase", "check_input_names", "dim_ranges", "dynamic_axes", "forward_parameters", "make_inputs", "onnx_input_names", "shape_cases"]

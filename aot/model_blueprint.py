@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aot.recipe import LoadedRecipe, pretrained_directory
+from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
 from aot.tracing.dummy_inputs import forward_parameters
 from aot.recipe_ranges import POSITION_LIMIT_KEYS, check_position_limit
 
@@ -41,7 +41,15 @@ def model_blueprint(loaded: LoadedRecipe) -> Blueprint | None:
 
 
 def check_forward_accepts(loaded: LoadedRecipe, owner: str, accepted: list[str]) -> None:
-    """Every input the recipe names is a parameter of ``owner``'s forward, whose parameters are ``accepted``."""
+    """Every input the recipe names is a parameter of ``owner``'s forward, whose parameters are ``accepted``.
+
+    With ``generation.cache`` the inputs come from the model, which must take a KV cache.
+    """
+    if is_decoder_with_cache(loaded):
+        if "past_key_values" not in accepted:
+            raise loaded.error(("model", "class"), f"generation.cache needs a causal LM that takes a KV cache (e.g. "
+                               f"LlamaForCausalLM); {owner}.forward has no past_key_values")
+        return
     for index, tensor in enumerate(loaded.recipe.inputs.tensors):
         if tensor.name not in accepted:
             raise loaded.error(

@@ -26,7 +26,7 @@ import torch
 
 from aot.errors import AotError
 from aot.model_blueprint import Blueprint, first_line, model_blueprint
-from aot.recipe import LoadedRecipe, pretrained_directory
+from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
 from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.validate use it from here
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,10 @@ def load_model(loaded: LoadedRecipe) -> torch.nn.Module:
         model = _from_config(loaded, blueprint) if spec.config is not None else _from_pretrained(loaded, blueprint)
     model = model.to(device=device, dtype=getattr(torch, spec.dtype)).eval()
     log.info("loaded %s with %d parameters", type(model).__name__, sum(p.numel() for p in model.parameters()))
+    if is_decoder_with_cache(loaded):  # the build's model is then the KV-cache step around it
+        from aot.decoding.keyword_step import DecoderStep
+
+        model = DecoderStep(model).eval()
     return model
 
 

@@ -50,8 +50,12 @@ class OnnxStage:
         axes: dict[str, dict[int, str]],
         ranges: dict[str, tuple[int | None, int | None]],
         on_child: Callable[[int], None] | None = None,
+        input_names: dict[str, str] | None = None,
     ) -> OnnxStage:
-        """Start writing ``path`` from the graph as the passes left it (nothing when ONNX is off)."""
+        """Start writing ``path`` from the graph as the passes left it (nothing when ONNX is off).
+
+        ``input_names``: ``{graph input: ONNX input name}`` where the two differ (a decoder step's past).
+        """
         if not options.enabled:
             return cls(options, None)
         from aot import export
@@ -77,6 +81,7 @@ class OnnxStage:
                 ort_fusions=options.target if options.optimize == "ort_fusions" else None,
                 output_names=output_names,
                 dim_ranges=ranges,
+                input_names=input_names,
                 # The transformer optimizer matches float32 patterns: it converts after its fusions.
                 float16=options.float16 and options.optimize != "transformer",
             )

@@ -79,7 +79,29 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     )
     _check_files(loaded)
     _check_accuracy_gate(loaded)
+    _check_generation(loaded)
     return loaded
+
+
+def is_decoder_with_cache(loaded: LoadedRecipe) -> bool:
+    """Whether the recipe builds a decoder's KV-cache step (``generation.cache``)."""
+    return loaded.recipe.generation is not None and loaded.recipe.generation.cache
+
+
+def _check_generation(loaded: LoadedRecipe) -> None:
+    """A KV-cache step takes inputs made from the model, and is traced by torch.export."""
+    if not is_decoder_with_cache(loaded):
+        return
+    recipe = loaded.recipe
+    if recipe.inputs.tensors or recipe.inputs.dims or recipe.inputs.texts:
+        raise loaded.error(("inputs",), "generation.cache makes the step's inputs from the model (ids, mask, positions, "
+                           "past keys and values): leave `inputs` out")
+    if recipe.validate_.shapes:
+        raise loaded.error(("validate", "shapes"), "generation.cache checks its own step shapes (a prefill, a decode "
+                           "step past the window) and generations: leave validate.shapes out")
+    if recipe.trace.frontend != "export":
+        raise loaded.error(("trace", "frontend"), "generation.cache needs `frontend: export` (the fx frontend does "
+                           "not trace transformers' cache objects)")
 
 
 def passes_changing_computation(loaded: LoadedRecipe) -> list[tuple[Location, PassSpec]]:

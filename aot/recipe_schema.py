@@ -309,6 +309,34 @@ class PassSpec(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class GenerationSpec(_Strict):
+    """A decoder that generates: the build's artifacts are one KV-cache step, validated by greedy generation."""
+
+    cache: bool = Field(
+        False,
+        description="Build the decoder-with-past step (Optimum's convention): inputs input_ids, attention_mask, "
+        "position_ids (where the model takes it), past_key_values.{i}.key/value; outputs logits, present.{i}.key/value. "
+        "One model serves the prefill (a past of length 0) and every decode step. The inputs come from the model: "
+        "`inputs` must be left out. Needs `trace.frontend: export`.",
+    )
+    new_tokens: int = Field(
+        32, ge=1, description="Tokens each artifact generates per validation prompt; they must equal eager generate's."
+    )
+    prompt_lengths: list[int] = Field(
+        default_factory=lambda: [5, 11],
+        min_length=1,
+        description="Validation prompt lengths; each is generated at batch 1 and at batch 2 with its second row left "
+        "padded. A sliding-window model must generate past its window.",
+    )
+
+    @model_validator(mode="after")
+    def _prompts_long_enough(self) -> GenerationSpec:
+        short = [length for length in self.prompt_lengths if length < 2]
+        if short:
+            raise ValueError(f"prompt length {short[0]} is too short: batch 2 pads its second row by one token, so at least 2")
+        return self
+
+
 class Recipe(_Strict):
     """One build."""
 
@@ -323,4 +351,7 @@ class Recipe(_Strict):
     )
     validate_: ValidateSpec = Field(default_factory=ValidateSpec, alias="validate")
     export: ExportSpec = Field(default_factory=ExportSpec)
+    generation: GenerationSpec | None = Field(
+        None, description="For causal LMs: KV-cache artifacts validated by generating eager's exact tokens."
+    )
     output: str | None = Field(None, description="Output directory; defaults to out/<name> under the cwd.")

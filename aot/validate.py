@@ -32,7 +32,7 @@ import torch
 
 from aot.accuracy import AccuracyResult, Gate, make_gate
 from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
-from aot.inputs import ShapeCase, shape_cases
+from aot.inputs import ShapeCase, onnx_input_names, shape_cases
 from aot.integrity import verify_directory
 from aot.manifest import MANIFEST_NAME
 from aot.memory import release_freed_memory
@@ -263,9 +263,10 @@ def validate_artifacts(
     stage: Callable[[str], AbstractContextManager[None]] | None = None,
     sha256_of: Callable[[str], str | None] = lambda relative: None,
     gate: Gate | None = None,
+    onnx_names: dict[str, str] | None = None,
 ) -> tuple[list[Comparison], list[AccuracyResult]]:
     """The ONNX model, then the saved GraphModule, in ``directory``: :class:`ArtifactChecks`."""
-    checks = ArtifactChecks(loaded, cases, expected, directory, stage or _unnamed_stage, gate)
+    checks = ArtifactChecks(loaded, cases, expected, directory, stage or _unnamed_stage, gate, onnx_names or {})
     onnx_results, onnx_accuracy = checks.onnx()
     module_results, module_accuracy = checks.graph_module(sha256_of)
     return onnx_results + module_results, onnx_accuracy + module_accuracy
@@ -287,6 +288,7 @@ class ArtifactChecks:
     directory: Path
     stage: Callable[[str], AbstractContextManager[None]]
     gate: Gate | None = None
+    onnx_input_names: dict[str, str] = field(default_factory=dict)  # {case input: ONNX name} where they differ
 
     def onnx(self) -> tuple[list[Comparison], list[AccuracyResult]]:
         """``model.onnx`` in ONNX Runtime."""
@@ -299,7 +301,8 @@ class ArtifactChecks:
         with self.stage("validate_onnx"):
             onnx_options = self.loaded.recipe.export.onnx
             tolerances = self.loaded.recipe.validate_.float16 if onnx_options.float16 else self.loaded.recipe.validate_
-            run = lambda case: export.run_onnx(onnx_path, case.inputs)  # noqa: E731
+            named = lambda inputs: {self.onnx_input_names.get(name, name): value for name, value in inputs.items()}  # noqa: E731
+            run = lambda case: export.run_onnx(onnx_path, named(case.inputs))  # noqa: E731
             results = check_artifact("onnx", run, self.cases, self.expected, tolerances, "model.onnx in onnxruntime", self._gated)
             if self.gate is not None:
                 accuracy.append(self.gate.measure("onnx", lambda batch: export.run_onnx(onnx_path, batch)))
@@ -383,13 +386,16 @@ def validate_directory(
     with stage("load_model"):
         model = load_model(loaded)
         cases = shape_cases(loaded, model)
+        onnx_names = onnx_input_names(loaded, model)
     with stage("eager_outputs"):
         expected = [eager_outputs(model, case.inputs) for case in cases]
         gate = make_gate(loaded, eager_runner(model), model)
     del model
     release_freed_memory()
     report = DirectoryReport(str(directory), integrity.manifest_sha256, integrity.files_checked)
-    report.validation, report.accuracy = validate_artifacts(loaded, cases, expected, directory, stage, integrity.sha256_of, gate)
+    report.validation, report.accuracy = validate_artifacts(
+        loaded, cases, expected, directory, stage, integrity.sha256_of, gate, onnx_names
+    )
     raise_on_failure(report.validation, report.accuracy)
     return report
 

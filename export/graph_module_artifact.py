@@ -15,11 +15,14 @@ error never leaves a half-written artifact behind.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
 import logging
 import os
+import sys
+import types
 from pathlib import Path
 
 import safetensors.torch
@@ -81,15 +84,33 @@ def load_standalone(directory: Path, expected_sha256: str | None = None, *, keep
         raise ExportError(f"{module_path}: cannot read: {error.strerror}") from None
     if expected_sha256 is not None and hashlib.sha256(source).hexdigest() != expected_sha256:
         raise IntegrityError(f"{module_path}: sha256 differs from manifest.json (the file was modified after the build)")
-    namespace = {"__name__": "<run_path>", "__file__": str(module_path)}
+    # Like runpy, the code runs as a module that sys.modules holds while it runs: dataclasses
+    # (a decoder's generate helper has one) look their class's module up there.
+    module = types.ModuleType("<run_path>")
+    module.__file__ = str(module_path)
+    namespace = module.__dict__
     try:
-        exec(compile(source, str(module_path), "exec"), namespace)  # noqa: S102 (checked above; what users run)
+        with _registered(module):
+            exec(compile(source, str(module_path), "exec"), namespace)  # noqa: S102 (checked above; what users run)
         load = namespace["load"]
         # module.py files written before keep_freed_memory existed take the directory alone
         takes_option = "keep_freed_memory" in inspect.signature(load).parameters
         return load(str(directory), keep_freed_memory=keep_freed_memory) if takes_option else load(str(directory))
     except Exception as error:
         raise ExportError(f"{module_path}: cannot load the saved model: {type(error).__name__}: {error}") from None
+
+
+@contextlib.contextmanager
+def _registered(module: types.ModuleType):
+    previous = sys.modules.get(module.__name__)
+    sys.modules[module.__name__] = module
+    try:
+        yield
+    finally:
+        if previous is None:
+            sys.modules.pop(module.__name__, None)
+        else:
+            sys.modules[module.__name__] = previous
 
 
 def load(directory: Path) -> torch.fx.GraphModule:

@@ -4,10 +4,12 @@ Layout of the generated ``module.py``::
 
     docstring (how to load)
     runtime          read_safetensors / load_weights, from standalone_runtime.py
+    generation       a decoder step only: the greedy loop (aot.decoding.greedy), the step's
+                     input names and past layout (:mod:`aot.export.generation_source`)
     globals          what the graph's code refers to (torch, operator, inf...)
     copied functions aot's pure-torch leaf functions, source copied
     Model            __init__ rebuilds the module tree on the meta device;
-                     forward is the graph's own code
+                     forward is the graph's own code; a decoder step's also has generate()
     load(directory)  builds Model, fills it from weights.safetensors
 
 The forward of an fx graph is its code verbatim. A torch.export graph wraps
@@ -34,6 +36,7 @@ from aot.errors import ExportError
 
 from . import standalone_runtime
 from .function_source import FunctionSources, is_aot_function, is_allowed_module
+from .generation_source import generate_method, generation_section
 from .graph_codec import function_name
 from .module_tree import ModuleTree, build_module_tree
 from .torch_equivalents import function_replacement
@@ -55,11 +58,12 @@ def write_module_source(gm: torch.fx.GraphModule) -> tuple[str, ModuleTree]:
         _header(gm),
         _runtime_source(),
         *(_runtime_module_source(name) for name in tree.runtime_modules),
+        generation_section(gm.meta.get("decoder")),
         "# --- names the graph code uses ---\n" + imports,
         _functions_block(functions),
         bindings,
         _tables(tree),
-        _model_class(tree, forward),
+        _model_class(tree, forward, generate_method(gm.meta.get("decoder"))),
         _LOAD_FUNCTION,
     ]
     return "\n\n\n".join(section.strip("\n") for section in sections if section) + "\n", tree
@@ -282,9 +286,10 @@ def _list_literal(items: list[str]) -> str:
     return "[\n" + "".join(f"    {item!r},\n" for item in items) + "]"
 
 
-def _model_class(tree: ModuleTree, forward: str) -> str:
+def _model_class(tree: ModuleTree, forward: str, generate: str = "") -> str:
     init = ["def __init__(self):", "    super().__init__()"] + [f"    {line}" for line in tree.init_lines]
-    return "class Model(torch.nn.Module):\n" + _indent("\n".join(init), 1) + "\n\n" + forward + "\n"
+    methods = forward + ("\n\n" + _indent(generate.strip("\n"), 1) if generate else "")
+    return "class Model(torch.nn.Module):\n" + _indent("\n".join(init), 1) + "\n\n" + methods + "\n"
 
 
 def _indent(text: str, levels: int) -> str:

@@ -31,6 +31,7 @@ import torch.fx
 from aot.errors import ExportError
 from aot.outputs import flatten_outputs
 from aot.quiet import quiet_torch
+from aot.tracing.export_trace import INFERRED
 from aot.tracing.source_location import raised_at
 
 from .onnx_files import first_line, step_errors, write_checked
@@ -63,6 +64,7 @@ def write_onnx(
     output_names: list[str] | None = None,
     dim_ranges: dict[str, tuple[int | None, int | None]] | None = None,
     float16: bool = False,
+    input_names: dict[str, str] | None = None,
 ) -> OnnxArtifact:
     """Write ``path`` (and ``path.data`` for large models); return the written paths and the fusions made.
 
@@ -89,6 +91,9 @@ def write_onnx(
     ``float16``: convert the model to float16 arithmetic after the fusions (which match float32
     patterns), its float32 inputs and outputs kept (:mod:`aot.export.onnx_float16`).
 
+    ``input_names``: ``{graph input: ONNX name}`` for inputs whose ONNX name is no Python
+    identifier (a decoder's ``past_key_values.0.key``, which the graph takes as ``past_key_values_0_key``).
+
     ``dim_ranges``: ``{dim name: (min, max)}`` for the dynamic dims. With them each dim is one
     ``torch.export.Dim`` shared by every input that has it, bounded as the recipe says, so the
     exporter need not prove that the inputs' batch sizes agree (BERT-base: a few tenths of a
@@ -107,7 +112,9 @@ def write_onnx(
             f"{path.name}: opset {opset} was asked for but the exporter produced opset {produced_opset}"
             " (its version converter could not convert this graph)"
         )
-    _check_dynamic_axes(program.model, dynamic_dims or {}, path)
+    inferred = {name for name, bounds in (dim_ranges or {}).items() if bounds == INFERRED}
+    _check_dynamic_axes(program.model, dynamic_dims or {}, path, inferred)
+    _rename_inputs(program.model, input_names or {})
     _drop_unreproducible_metadata(program.model)
     fusions = {}
     if ort_fusions is not None:
@@ -167,7 +174,7 @@ def _dynamic_shapes(
         shapes[name] = {axis: dim_name for axis, dim_name in sorted(axes.items())} if axes else None
     if dim_ranges is None:
         return shapes
-    dims = {name: _bounded_dim(name, *dim_ranges.get(name, (None, None))) for name in _dim_names(dynamic_dims)}
+    dims = {name: _bounded_dim(name, dim_ranges.get(name, (None, None))) for name in _dim_names(dynamic_dims)}
     return {name: {axis: dims[dim_name] for axis, dim_name in axes.items()} if axes else None for name, axes in shapes.items()}
 
 
@@ -175,7 +182,10 @@ def _dim_names(dynamic_dims: dict[str, dict[int, str]]) -> set[str]:
     return {dim_name for axes in dynamic_dims.values() for dim_name in axes.values()}
 
 
-def _bounded_dim(name: str, low: int | None, high: int | None):
+def _bounded_dim(name: str, bounds: tuple[int | None, int | None] | str):
+    if bounds == INFERRED:  # the exporter states it through the other dims (a decoder's mask: past + sequence)
+        return torch.export.Dim.AUTO
+    low, high = bounds
     bounds = {key: value for key, value in (("min", low), ("max", high)) if value is not None}
     return torch.export.Dim(name, **bounds)
 
@@ -249,7 +259,14 @@ def _exporter_reason(error: BaseException) -> str:
     return f"{type(innermost).__name__}{where}: {first_line(innermost)}"
 
 
-def _check_dynamic_axes(model, dynamic_dims: dict[str, dict[int, str]], path: Path) -> None:
+def _rename_inputs(model: ir.Model, names: dict[str, str]) -> None:
+    for value in model.graph.inputs:
+        if value.name in names:
+            value.name = names[value.name]
+
+
+def _check_dynamic_axes(model, dynamic_dims: dict[str, dict[int, str]], path: Path, inferred: set[str] = frozenset()) -> None:
+    """Every dynamic axis came out dynamic, under its name (an ``inferred`` dim under the exporter's expression)."""
     graph_inputs = {value.name: value for value in model.graph.inputs}
     for name, axes in dynamic_dims.items():
         value = graph_inputs.get(name)
@@ -257,7 +274,7 @@ def _check_dynamic_axes(model, dynamic_dims: dict[str, dict[int, str]], path: Pa
             continue  # the exporter dropped an unused input
         for axis, dim_name in axes.items():
             dim = value.shape[axis]
-            if isinstance(dim, int) or getattr(dim, "value", None) != dim_name:
+            if isinstance(dim, int) or (dim_name not in inferred and getattr(dim, "value", None) != dim_name):
                 raise ExportError(
                     f"{path.name}: axis {axis} of input '{name}' came out as {dim!r}, not the dynamic dim '{dim_name}'"
                     " (an example size of 0 or 1 makes torch.export specialise it; use an example of size >= 2)"

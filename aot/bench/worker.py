@@ -119,7 +119,7 @@ class RunnerHost:
             return (lambda given: saved(**given)), inputs
         if spec.runner == "onnx":
             return _onnx_runner(build / "model.onnx", spec, inputs), inputs
-        runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(loaded), Path(spec.workdir), spec.threads,
+        runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(loaded, model), Path(spec.workdir), spec.threads,
                             spinning=not spec.shared_process)
         self._eager = (loaded, model)
         return runner, inputs

@@ -6,7 +6,9 @@
     gm(input_ids=..., attention_mask=...)
 
 Dynamic dimensions are named; one name is one ``torch.export.Dim`` shared by
-every axis that uses it. Ranges: ``dim_ranges[name] = (min, max)`` when given;
+every axis that uses it. ``dim_ranges[name] = "inferred"`` (:data:`INFERRED`) leaves that
+dim to torch.export, which expresses it through the others (a decoder's attention mask is
+``past + sequence`` long). Ranges: ``dim_ranges[name] = (min, max)`` when given;
 otherwise ``min`` is 1 for a name containing "batch" and 2 for any other
 (``torch.export`` specialises sizes 0 and 1), and ``max`` is the model's
 maximum number of positions for the axes of token inputs (ids, masks), and
@@ -58,11 +60,20 @@ def _max_positions(model: torch.nn.Module) -> int | None:
     return None
 
 
+INFERRED = "inferred"  # a dim_ranges value: torch.export works the size out from the other dims
+
+
+def _dim(name: str, low: int | None, high: int | None, inferred: bool) -> Any:
+    if inferred:  # e.g. a decoder's mask length, past + sequence, which no named Dim can state
+        return torch.export.Dim.AUTO
+    return torch.export.Dim(name, min=low, max=high) if high is not None else torch.export.Dim(name, min=low)
+
+
 def _build_dims(
     model: torch.nn.Module,
     example_kwargs: Mapping[str, Any],
     dynamic_dims: Mapping[str, Mapping[int, str]],
-    dim_ranges: Mapping[str, tuple[int, int]] | None,
+    dim_ranges: Mapping[str, tuple[int, int] | str] | None,
 ) -> tuple[dict[str, dict[int, Any]], dict[str, list[int | None]]]:
     dim_ranges = dict(dim_ranges or {})
     max_positions = _max_positions(model)
@@ -74,6 +85,9 @@ def _build_dims(
         for axis, dim_name in axes.items():
             if not -rank <= int(axis) < rank:
                 raise TraceError(f"dynamic_dims['{input_name}'] names axis {axis}, but that input has rank {rank}")
+            if dim_ranges.get(dim_name) == INFERRED:
+                ranges[dim_name] = [None, None]
+                continue
             low = 1 if "batch" in dim_name else 2
             given_low, given_high = dim_ranges.get(dim_name, (None, None))
             if given_low is not None or given_high is not None:  # a recipe dim without min and max takes the defaults
@@ -85,10 +99,7 @@ def _build_dims(
             current = ranges.setdefault(dim_name, [low, high])
             if high is not None and (current[1] is None or high < current[1]):
                 current[1] = high
-    dims = {
-        name: torch.export.Dim(name, min=low, max=high) if high is not None else torch.export.Dim(name, min=low)
-        for name, (low, high) in ranges.items()
-    }
+    dims = {name: _dim(name, low, high, dim_ranges.get(name) == INFERRED) for name, (low, high) in ranges.items()}
     shapes: dict[str, dict[int, Any]] = {}
     for input_name in example_kwargs:
         axes = (dynamic_dims or {}).get(input_name)
@@ -131,7 +142,7 @@ def export_trace(
     model: torch.nn.Module,
     example_kwargs: dict[str, torch.Tensor],
     dynamic_dims: dict[str, dict[int, str]] | None = None,
-    dim_ranges: dict[str, tuple[int, int]] | None = None,
+    dim_ranges: dict[str, tuple[int, int] | str] | None = None,
 ) -> torch.fx.GraphModule:
     """Export ``model`` called as ``model(**example_kwargs)``; see the module docstring. Raises ``TraceError``."""
     started = time.perf_counter()
@@ -144,7 +155,10 @@ def export_trace(
             for attempt in range(_NARROWING_ATTEMPTS + 1):
                 dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, given)
                 try:
-                    with quiet_torch("torch.export"):
+                    # Under no_grad, as the artifacts run: a model's own no_grad blocks (Llama's rotary
+                    # embedding) then match the ambient mode and are inlined, not kept as
+                    # wrap_with_set_grad_enabled subgraphs, which no artifact can save.
+                    with quiet_torch("torch.export"), torch.no_grad():
                         program = torch.export.export(
                             model, (), kwargs=dict(example_kwargs), dynamic_shapes=dynamic_shapes, strict=False
                         )
