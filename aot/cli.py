@@ -250,10 +250,12 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'int8' (ONNX Runtime's and torch.ao's dynamic int8 quantisation), 'all' (both, + torch.compile freezing), peers' names, or a comma list of these.")
 @click.option("--gap-ms", default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")
 @click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
+@click.option("--new-tokens", default=32, show_default=True, help="A decoder build: tokens each timed generation makes (its dims: -s batch=1,2 -s prompt=32,128).")
 @_EXPECT_SHA256
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
-def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, gap_ms, in_process, expect_sha256, as_json) -> None:
+def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, gap_ms, in_process, new_tokens,
+                  expect_sha256, as_json) -> None:
     """Time eager, the saved GraphModule and ONNX Runtime, each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
@@ -275,7 +277,7 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
             directory = run_build(target, output, progress=progress).output
         report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
                        tick=progress.tick, progress=progress, expect_sha256=expect_sha256,
-                       mode="in-process" if in_process else "processes", gap_ms=gap_ms)
+                       mode="in-process" if in_process else "processes", gap_ms=gap_ms, new_tokens=new_tokens)
         if chart:
             from aot.bench.chart import draw_chart
 
@@ -295,13 +297,19 @@ def _stderr_console():
     return Console(stderr=True)
 
 
+def _shape_label(shape) -> str:
+    """``batch=1,sequence=128``; a decoder's generations add what was timed: ``prefill`` or ``decode`` (ms per token)."""
+    label = ",".join(f"{k}={v}" for k, v in shape.shape.items())
+    return label if shape.measure == "call" else f"{label} {shape.measure}{' /token' if shape.measure == 'decode' else ''}"
+
+
 def _print_bench(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
     where = "each runner in its own process" if report.mode == "processes" else "ALL RUNNERS IN ONE PROCESS (distorted)"
     table = Table(title=f"{report.build}: {report.cpu}, {report.threads} threads, {report.runs} rounds, {where}")
-    labels = [",".join(f"{k}={v}" for k, v in shape.shape.items()) for shape in report.shapes]
+    labels = [_shape_label(shape) for shape in report.shapes]
     runners = [figures.runner for shape in report.shapes for figures in shape.runners]
     widths = {"shape": max(map(len, labels), default=5), "runner": max(map(len, runners), default=6)}
     columns = ("shape", "runner", "median ms", "p10 ms", "p90 ms", "vs eager", "paired", "paired p10-p90", "1st call ms", "peak MiB")
@@ -309,7 +317,7 @@ def _print_bench(report) -> None:
         # Names are never cut: two peers share a prefix ("ort_torchscript", "ort_torchscript_fused").
         table.add_column(column, justify="left" if column in widths else "right", no_wrap=True, min_width=widths.get(column))
     for shape in report.shapes:
-        label = ",".join(f"{k}={v}" for k, v in shape.shape.items())
+        label = _shape_label(shape)
         for figures in shape.runners:
             table.add_row(label, figures.runner, f"{figures.median_ms:.2f}", f"{figures.p10_ms:.2f}", f"{figures.p90_ms:.2f}",
                           f"{figures.speedup:.2f}x", f"{figures.paired_speedup:.2f}x",

@@ -17,7 +17,7 @@ def draw_chart(report: BenchReport, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise RecipeError("--chart needs matplotlib: pip install 'aot[chart]'") from None
-    labels = [",".join(f"{k}={v}" for k, v in s.shape.items()) for s in report.shapes]
+    labels = [",".join(f"{k}={v}" for k, v in s.shape.items()) + ("" if s.measure == "call" else f" {s.measure}") for s in report.shapes]
     runner_names = [r.runner for r in report.shapes[0].runners] if report.shapes else []
     figure, axes = plt.subplots(figsize=(max(4, 1.8 * len(labels) * len(runner_names) / 2), 3.5))
     width = 0.8 / max(len(runner_names), 1)

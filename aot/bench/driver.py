@@ -71,6 +71,8 @@ class RunnerFigures:
 class ShapeFigures:
     shape: dict[str, int]
     runners: list[RunnerFigures] = field(default_factory=list)
+    # "call"; for a decoder build, "prefill" (ms to the first token) or "decode" (ms per later token)
+    measure: str = "call"
 
 
 @dataclass
@@ -106,10 +108,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+DECODER_GRID = {"batch": [1], "prompt": [32]}  # a decoder build's dims: rows, and prompt tokens
+
+
 def grid_shapes(loaded: LoadedRecipe, grid: dict[str, list[int]]) -> list[dict[str, int]]:
     import itertools
 
     dims = {name: [dim.size] for name, dim in loaded.recipe.inputs.dims.items()}
+    if _generates(loaded):
+        dims = {name: list(sizes) for name, sizes in DECODER_GRID.items()}
     for name, sizes in grid.items():
         if name not in dims:
             raise RecipeError(f"--shape {name}=...: the recipe has no dim '{name}' (it has: {', '.join(dims)})")
@@ -131,6 +138,7 @@ def bench(
     progress: Progress | None = None,
     mode: str = "processes",
     gap_ms: float = 50.0,
+    new_tokens: int = 32,
 ) -> BenchReport:
     if mode not in MODES:
         raise RecipeError(f"bench mode '{mode}' is not one of {', '.join(MODES)}")
@@ -140,6 +148,10 @@ def bench(
         integrity = verify_directory(directory, expect_sha256)
         loaded = recipe_of_build(directory, integrity.manifest)
     shapes = grid_shapes(loaded, grid or {})
+    if peers and _generates(loaded):
+        raise RecipeError("--peers: a decoder build is timed against eager generate only")
+    if _generates(loaded) and new_tokens < 2:
+        raise RecipeError(f"--new-tokens {new_tokens}: a decode time needs at least 2 tokens")
     if peers and loaded.recipe.model.device != "cpu":
         raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {loaded.recipe.model.device}")
     threads = threads or _default_threads()
@@ -152,7 +164,8 @@ def bench(
     names = [name for name in ARTIFACT_RUNNERS if _artifact_present(directory, name)] + list(peers)
     with tempfile.TemporaryDirectory(prefix="aot-bench-") as workdir, _hosts(in_process) as start:
         spec = RunnerSpec(build=str(directory), runner="", threads=threads, workdir=workdir, shapes=shapes,
-                          module_sha256=integrity.sha256_of("graph_module/module.py"), shared_process=in_process)
+                          module_sha256=integrity.sha256_of("graph_module/module.py"), shared_process=in_process,
+                          new_tokens=new_tokens)
         hosts: dict[str, Any] = {}
         for name in names:  # one after the other: eager first, since it makes the inputs the others read
             with stage(f"load {name}"):
@@ -168,7 +181,7 @@ def bench(
         memory = memory and not in_process and loaded.recipe.model.device == "cpu"
         with stage("bench"):
             for index, shape in enumerate(shapes):
-                report.shapes.append(_bench_shape(hosts, index, shape, runs, warmup, memory, gap_ms, tick, report.peer_failures))
+                report.shapes += _bench_shape(hosts, index, shape, runs, warmup, memory, gap_ms, tick, report.peer_failures)
         if report.accuracy:  # the build traded accuracy for speed: the peers are held to its gate too
             with stage("peer accuracy"):
                 _peer_accuracy(hosts, peers, report)
@@ -190,6 +203,10 @@ def _peer_accuracy(hosts: dict[str, Any], peers: tuple[str, ...], report: BenchR
             report.accuracy[name] = reply["metrics"]
         else:
             log.warning("peer %s: accuracy not measured: %s", name, reply.get("problem"))
+
+
+def _generates(loaded: LoadedRecipe) -> bool:
+    return loaded.recipe.generation is not None and loaded.recipe.generation.cache
 
 
 def _default_threads() -> int:
@@ -279,7 +296,8 @@ class _Worker:
 def _bench_shape(
     hosts: dict[str, Any], index: int, shape: dict[str, int], runs: int, warmup: int, memory: bool, gap_ms: float,
     tick: Callable[[str], None] | None, peer_failures: dict[str, str],
-) -> ShapeFigures:
+) -> list[ShapeFigures]:
+    """The shape's figures: one set, or for a decoder's generations one per measure (prefill, decode)."""
     warmed = {}
     for name in list(hosts):
         try:
@@ -291,7 +309,7 @@ def _bench_shape(
             peer_failures[name] = f"at {shape}: {error}"
             del hosts[name]
     names = list(hosts)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[str, list[Any]] = {name: [] for name in names}
     order = random.Random(f"{index}:{runs}:{','.join(names)}")  # shuffled, the same for the same bench
     label = ",".join(f"{k}={v}" for k, v in shape.items())
     for _ in range(runs):
@@ -300,9 +318,16 @@ def _bench_shape(
             samples[name].append(hosts[name].time(index))
         if tick:
             tick(label)
+    if not isinstance(samples["eager"][0], dict):
+        return [_figures(shape, "call", samples, warmed)]
+    measures = list(samples["eager"][0])
+    return [_figures(shape, measure, {name: [s[measure] for s in taken] for name, taken in samples.items()}, warmed) for measure in measures]
+
+
+def _figures(shape: dict[str, int], measure: str, samples: dict[str, list[float]], warmed: dict[str, Any]) -> ShapeFigures:
     eager = samples["eager"]
-    figures = ShapeFigures(shape=shape)
-    for name in names:
+    figures = ShapeFigures(shape=shape, measure=measure)
+    for name in samples:
         paired = [e / t for e, t in zip(eager, samples[name])]
         median = statistics.median(samples[name])
         figures.runners.append(

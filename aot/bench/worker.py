@@ -10,7 +10,8 @@ Requests, one JSON object a line, each answered by one line:
 
 - ``{"op": "setup", ...RunnerSpec}``: load the runner -> ``{"setup_s", "baseline_mib", "pid"}``;
 - ``{"op": "warm", "shape": i, "calls": n, "memory": bool}`` -> ``{"first_call_ms", "peak_mib"}``;
-- ``{"op": "time", "shape": i}``: one call -> ``{"ms"}``;
+- ``{"op": "time", "shape": i}``: one call -> ``{"ms"}``; for a decoder build one generation,
+  ``{"ms": {"prefill": ..., "decode": ...}}`` (:mod:`aot.bench.generation`);
 - ``{"op": "accuracy"}``: the build's accuracy gate on this runner, a peer, whose process
   holds the eager model for the reference -> ``{"metrics", "problem"}`` (untimed, after the timing);
 - ``{"op": "exit"}``.
@@ -43,6 +44,7 @@ class RunnerSpec:
     shapes: list[dict[str, int]]
     module_sha256: str | None = None  # graph_module/module.py as the manifest lists it
     shared_process: bool = False  # in-process mode: ONNX Runtime must not spin between calls
+    new_tokens: int = 32  # a decoder build: tokens each timed generation makes
 
 
 class RunnerHost:
@@ -52,6 +54,7 @@ class RunnerHost:
         self.run: Any = None
         self._finish = lambda: None
         self.baseline_mib = 0.0
+        self.generates = False  # a decoder build's runner: each call is a timed generation (aot.bench.generation)
         self._eager: tuple[Any, Any] | None = None  # (recipe, eager model), where the runner was built from it
 
     def setup(self) -> dict[str, float]:
@@ -74,16 +77,20 @@ class RunnerHost:
         """
         if memory:
             Path("/proc/self/clear_refs").write_text("5")
-        first_call_ms = self.time(shape)
+        first_call = self.time(shape)
+        first_call_ms = sum(first_call.values()) if isinstance(first_call, dict) else first_call
         for _ in range(calls - 1):
             self.time(shape)
         peak = round(max(_status_mib("VmHWM") - self.baseline_mib, 0.0), 1) if memory else None
         return {"first_call_ms": round(first_call_ms, 3), "peak_mib": peak}
 
-    def time(self, shape: int) -> float:
+    def time(self, shape: int) -> float | dict[str, float]:
+        """One call's milliseconds; a decoder's runner answers its generation's ``{prefill, decode}`` ms instead."""
         import torch
 
         inputs = self.inputs[shape]
+        if self.generates:
+            return self.run(inputs)
         with torch.inference_mode():
             started = time.perf_counter()
             self.run(inputs)
@@ -100,6 +107,9 @@ class RunnerHost:
         spec, build = self.spec, Path(self.spec.build)
         loaded = recipe_of_build(build, json.loads((build / "manifest.json").read_text()))
         inputs_file = Path(spec.workdir) / INPUTS_FILE
+        if loaded.recipe.generation is not None and loaded.recipe.generation.cache:
+            self.generates = True
+            return self._load_generation(loaded, build, inputs_file)
         needs_model = spec.runner not in ("graph_module", "onnx")  # eager, and the peers built from it
         if needs_model:
             model = load_model(loaded)
@@ -123,6 +133,34 @@ class RunnerHost:
                             spinning=not spec.shared_process)
         self._eager = (loaded, model)
         return runner, inputs
+
+    def _load_generation(self, loaded: Any, build: Path, inputs_file: Path) -> tuple[Any, list[dict[str, Any]]]:
+        """A decoder build's runner: eager generate, or a greedy loop over the saved step or the ONNX model."""
+        from aot import export
+        from aot.bench import generation
+        from aot.models import load_model
+
+        spec = self.spec
+        if spec.runner == "eager":
+            import torch
+
+            step = load_model(loaded)
+            if not inputs_file.exists():
+                seed = loaded.recipe.model.seed
+                torch.save([generation.prompt_inputs(step.config.vocab_size, shape, seed) for shape in spec.shapes], inputs_file)
+            generate = generation.eager_generate(step.causal_lm)
+        elif spec.runner == "graph_module":
+            saved = export.load_standalone(build / "graph_module", spec.module_sha256)
+            names = type(saved).generate.__globals__  # module.py's own step inputs and past layout
+            generate = generation.step_generate(generation.graph_module_step(saved, names["STEP_INPUTS"]), names["PAST_LAYOUT"])
+        elif spec.runner == "onnx":
+            onnx_step = generation.onnx_step(build / "model.onnx", spec.threads)
+            generate = generation.step_generate(onnx_step, onnx_step.past_layout)
+        else:
+            from aot.errors import RecipeError
+
+            raise RecipeError(f"peer '{spec.runner}': a decoder build is timed against eager generate only (no peers)")
+        return generation.timed_generation(generate, spec.new_tokens), _read_inputs(inputs_file)
 
     def accuracy(self) -> dict[str, Any]:
         """The build's accuracy gate measured on this peer, against the eager model of its own process.
