@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from aot.capture import capture
-from aot.decoding.generation_check import GenerationCheck, GenerationReference
+from aot.decoding.generation_check import GenerationCheck
 from aot.eager_guard import check_after_each_pass
 from aot.errors import ExportError
 from aot.inputs import check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
@@ -29,10 +29,10 @@ from aot.onnx_stage import OnnxStage
 from aot.models import load_model
 from aot.outdir import check_replaceable, staged_directory
 from aot.pipeline import PassRecord, run_pipeline
-from aot.recipe import LoadedRecipe, is_decoder_with_cache, load_recipe
+from aot.recipe import LoadedRecipe, load_recipe
 from aot.stages import Progress, Stages
 from aot.accuracy import AccuracyResult, make_gate
-from aot.validate import ArtifactChecks, Comparison, eager_outputs, eager_runner, raise_on_failure, validate_graph
+from aot.validate import ArtifactChecks, Comparison, eager_outputs, eager_runner, generation_reference, raise_on_failure, validate_graph
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def _build(
                 with stage("eager_outputs"):
                     expected = [eager_outputs(model, case.inputs) for case in cases]
                     gate = make_gate(loaded, eager_runner(model), model)  # task metrics on real data, when the recipe asks
-                    generation = _generation_reference(loaded, model)  # eager generate's tokens, for a decoder step
+                    generation = generation_reference(loaded, model)  # eager generate's tokens, for a decoder step
                 del model  # its outputs are the reference; the graph is now its weights' only owner
                 release_freed_memory()
                 with stage("validate_graph"):
@@ -177,14 +177,6 @@ def _add(report: BuildReport, checked: tuple[list[Comparison], list[AccuracyResu
     validation, accuracy = checked
     report.validation += validation
     report.accuracy += accuracy
-
-
-def _generation_reference(loaded: LoadedRecipe, model: torch.nn.Module) -> GenerationReference | None:
-    """Eager generate's tokens on the recipe's prompts, for a decoder step (``generation.cache``); else None."""
-    if not is_decoder_with_cache(loaded):
-        return None
-    spec = loaded.recipe.generation
-    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, loaded.recipe.model.seed)
 
 
 def _run_passes(

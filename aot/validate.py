@@ -38,7 +38,7 @@ from aot.manifest import MANIFEST_NAME
 from aot.memory import release_freed_memory
 from aot.models import forward_parameters, load_model
 from aot.outputs import flatten_outputs
-from aot.recipe import LoadedRecipe, load_recipe, passes_changing_computation
+from aot.recipe import LoadedRecipe, is_decoder_with_cache, load_recipe, passes_changing_computation
 from aot.recipe_schema import Tolerance, ValidateSpec
 from aot.stages import Progress, Stages
 
@@ -350,10 +350,11 @@ class DirectoryReport:
     files_checked: int = 0
     validation: list[Comparison] = field(default_factory=list)
     accuracy: list[AccuracyResult] = field(default_factory=list)
+    generation: list[Any] = field(default_factory=list)  # a decoder step's GenerationCheck per artifact and prompt
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.validation) and all(a.ok for a in self.accuracy)
+        return all(c.ok for c in self.validation + self.accuracy + self.generation)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -363,6 +364,7 @@ class DirectoryReport:
             "files_checked": self.files_checked,
             "validation": [c.to_json() for c in self.validation],
             "accuracy": [a.to_json() for a in self.accuracy],
+            "generation": [g.to_json() for g in self.generation],
         }
 
 
@@ -390,14 +392,28 @@ def validate_directory(
     with stage("eager_outputs"):
         expected = [eager_outputs(model, case.inputs) for case in cases]
         gate = make_gate(loaded, eager_runner(model), model)
+        generation = generation_reference(loaded, model)
     del model
     release_freed_memory()
     report = DirectoryReport(str(directory), integrity.manifest_sha256, integrity.files_checked)
     report.validation, report.accuracy = validate_artifacts(
         loaded, cases, expected, directory, stage, integrity.sha256_of, gate, onnx_names
     )
-    raise_on_failure(report.validation, report.accuracy)
+    if generation is not None:
+        with stage("validate_generation"):
+            report.generation = generation.check_files(directory, integrity.sha256_of)
+    raise_on_failure(report.validation, report.accuracy + report.generation)
     return report
+
+
+def generation_reference(loaded: LoadedRecipe, model: torch.nn.Module):
+    """Eager generate's tokens on the recipe's prompts, for a decoder step (``generation.cache``); else None."""
+    if not is_decoder_with_cache(loaded):
+        return None
+    from aot.decoding.generation_check import GenerationReference
+
+    spec = loaded.recipe.generation
+    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, loaded.recipe.model.seed)
 
 
 def recipe_of_build(directory: Path, manifest: dict[str, Any], recipe_path: str | Path | None = None) -> LoadedRecipe:

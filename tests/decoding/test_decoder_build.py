@@ -143,3 +143,13 @@ def test_a_model_without_a_cache_is_refused_at_its_class(tmp_path):
     loaded = load_recipe(path)
     with pytest.raises(RecipeError, match="model.class: generation.cache needs a causal LM"):
         load_model(loaded)
+
+
+def test_validating_the_directory_again_generates_again(built):
+    from aot.validate import validate_directory
+
+    recipe, directory, _ = built["gpt2"]
+    report = validate_directory(directory)
+    assert report.ok
+    assert {g.artifact for g in report.generation} == {"onnx", "graph_module"} and len(report.generation) == 8
+    assert all(g.ok for g in report.generation)
