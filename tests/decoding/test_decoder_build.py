@@ -153,3 +153,39 @@ def test_validating_the_directory_again_generates_again(built):
     assert report.ok
     assert {g.artifact for g in report.generation} == {"onnx", "graph_module"} and len(report.generation) == 8
     assert all(g.ok for g in report.generation)
+
+
+_FAMILIES = {  # (class, config, attention): the decoder families the issue names, tiny
+    "qwen2": ("Qwen2ForCausalLM", "{model_type: qwen2, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
+              "num_attention_heads: 4, num_key_value_heads: 2, vocab_size: 128, max_position_embeddings: 128, initializer_range: 0.2}", "sdpa"),
+    "qwen3": ("Qwen3ForCausalLM", "{model_type: qwen3, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, "
+              "num_key_value_heads: 2, head_dim: 16, vocab_size: 128, max_position_embeddings: 128, initializer_range: 0.2}", "sdpa"),
+    "phi3": ("Phi3ForCausalLM", "{model_type: phi3, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, "
+             "num_key_value_heads: 2, vocab_size: 128, max_position_embeddings: 128, initializer_range: 0.2, pad_token_id: 0}", "sdpa"),
+    # Gemma 2 and 3 alternate sliding-window and full layers; Gemma 2 has no SDPA attention in transformers.
+    "gemma2": ("Gemma2ForCausalLM", "{model_type: gemma2, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, "
+               "num_key_value_heads: 2, head_dim: 16, vocab_size: 128, max_position_embeddings: 128, sliding_window: 8, initializer_range: 0.2}", "eager"),
+    "gemma3": ("Gemma3ForCausalLM", "{model_type: gemma3_text, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
+               "num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, vocab_size: 128, max_position_embeddings: 128, sliding_window: 8, "
+               "initializer_range: 0.2}", "sdpa"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(_FAMILIES))
+def test_decoder_family_builds_and_generates_eagers_tokens(tmp_path, family):
+    model_class, config, attention = _FAMILIES[family]
+    recipe = tmp_path / f"{family}.yaml"
+    recipe.write_text(
+        f"model: {{config: {config}, class: {model_class}, attn_implementation: {attention}}}\n"
+        "trace: {frontend: export}\ngeneration: {cache: true, new_tokens: 16, prompt_lengths: [5, 11]}\n"
+    )
+    report = build(recipe, tmp_path / "out")
+    assert report.ok and len(report.generation) == 8 and all(g.ok for g in report.generation), report.generation
+    past_axes = {
+        i.name: i.type.tensor_type.shape.dim[2].dim_param
+        for i in onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False).graph.input
+        if i.name.startswith("past_key_values.")
+    }
+    windowed = family.startswith("gemma")  # a sliding-window layer's past is named apart from a full layer's
+    assert ("past_window_sequence" in past_axes.values()) == windowed, past_axes
