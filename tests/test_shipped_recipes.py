@@ -20,10 +20,11 @@ import torch
 from aot.accuracy import make_gate
 from aot.build import build, eager_outputs
 from aot.export import run_onnx
-from aot.inputs import shape_cases
+from aot.inputs import dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.models import load_model
 from aot.outputs import flatten_outputs
 from aot.recipe import load_recipe
+from aot.tracing.export_trace import INFERRED
 from aot.validate import compare_outputs, eager_runner
 from tests.export.isolated import run_isolated
 
@@ -122,11 +123,13 @@ def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
     onnx.checker.check_model(str(path), full_check=True)
     loaded = load_recipe(RECIPES_DIR / name)
     graph_inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(path), load_external_data=False).graph.input}
-    for tensor in loaded.recipe.inputs.tensors:
-        for axis, dim in enumerate(tensor.shape):
-            if isinstance(dim, str) and loaded.recipe.inputs.dims[dim].dynamic:
-                assert graph_inputs[tensor.name][axis] == dim, graph_inputs
     model = load_model(loaded)
+    onnx_names = onnx_input_names(loaded, model)  # a decoder step's past: past_key_values.{i}.key in ONNX
+    inferred = {dim for dim, bounds in dim_ranges(loaded, model).items() if bounds == INFERRED}  # a decoder's mask length
+    for name, axes in dynamic_axes(loaded, model).items():
+        for axis, dim in axes.items():
+            found = graph_inputs[onnx_names.get(name, name)][axis]
+            assert isinstance(found, str) and (dim in inferred or found == dim), (name, axis, found)
     float16 = loaded.recipe.export.onnx.float16
     tolerances = loaded.recipe.validate_.float16 if float16 else loaded.recipe.validate_
     initializer_types = {t.data_type for t in onnx.load(str(path), load_external_data=False).graph.initializer}
@@ -138,7 +141,8 @@ def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
         return
     for case in shape_cases(loaded, model):
         expected = eager_outputs(model, case.inputs)
-        comparison = compare_outputs("onnx", case.label, expected, run_onnx(path, case.inputs), tolerances.atol, tolerances.rtol)
+        named = {onnx_names.get(name, name): value for name, value in case.inputs.items()}
+        comparison = compare_outputs("onnx", case.label, expected, run_onnx(path, named), tolerances.atol, tolerances.rtol)
         assert comparison.ok, comparison.summary()
 
 
@@ -186,3 +190,63 @@ def test_bert_onnx_shows_the_optimisations(builds):
     }
     prepack = next(p for p in manifest["passes"] if p["name"] == "prepack_linear_weights")
     assert prepack["changed"] == 12 * 4 + 1, prepack  # every nn.Linear of the encoder, plus the pooler
+
+
+DECODERS = [name for name in BUILDABLE if load_recipe(RECIPES_DIR / name).recipe.generation is not None]
+
+
+def test_some_shipped_recipe_is_a_decoder_with_a_cache():
+    assert len(DECODERS) >= 3, DECODERS  # GPT-2, a Llama-family one and a sliding-window one
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_decoder_artifacts_generated_eagers_exact_tokens(builds, name):
+    manifest = json.loads((builds[name] / "manifest.json").read_text())
+    generation = manifest["generation"]
+    assert {g["artifact"] for g in generation} == {"onnx", "graph_module"}, generation
+    prompts = {g["prompt"] for g in generation}
+    assert any("batch 1" in p for p in prompts) and any("batch 2" in p and "left padded" in p for p in prompts), prompts
+    assert len({p.split(",")[0] for p in prompts}) >= 2, "two prompt lengths at least"
+    assert all(g["ok"] and g["new_tokens"] >= 32 for g in generation), [g["message"] for g in generation if not g["ok"]]
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_plain_onnx_runtime_greedy_loop_makes_eagers_tokens(builds, name):
+    """A user's own loop over model.onnx (onnxruntime and numpy only, nothing from aot) against eager generate."""
+    import numpy as np
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(builds[name] / "model.onnx"), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    pasts = [n for n in inputs if n.startswith("past_key_values.")]
+    assert outputs[0] == "logits" and len(pasts) == len(outputs) - 1 >= 2, (list(inputs), outputs)
+    step = load_model(load_recipe(RECIPES_DIR / name))
+    lm, config = step.causal_lm, step.config
+    window = getattr(config, "sliding_window", None)
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, config.vocab_size, (2, 11))
+    mask = np.ones_like(prompt)
+    mask[1, :3], prompt[1, :3] = 0, 0  # the second row is 3 tokens shorter: left padding
+    with torch.no_grad():
+        expected = lm.generate(torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask), do_sample=False,
+                               max_new_tokens=32, eos_token_id=None, pad_token_id=0)[:, 11:].numpy()
+
+    past = {n: np.zeros((2, inputs[n].shape[1], 0, inputs[n].shape[3]), np.float32) for n in pasts}
+    ids, positions, longest_past, tokens = prompt, np.maximum(mask.cumsum(-1) - 1, 0), 0, []
+    for _ in range(32):
+        feed = {"input_ids": ids, "attention_mask": mask, **past}
+        if "position_ids" in inputs:
+            feed["position_ids"] = positions
+        logits, *present = session.run(outputs, feed)
+        next_tokens = logits[:, -1].argmax(-1)
+        tokens.append(next_tokens)
+        past = {n: value for n, value in zip(pasts, present)}
+        longest_past = max(longest_past, max(value.shape[2] for value in present))
+        ids, positions = next_tokens[:, None], positions[:, -1:] + 1
+        mask = np.concatenate([mask, np.ones((2, 1), mask.dtype)], axis=1)
+    np.testing.assert_array_equal(np.stack(tokens, axis=1), expected)
+    if window is not None:  # the cache of a sliding-window model stays bounded however far it decodes
+        assert longest_past <= window - 1, longest_past
+    assert len({int(t) for t in expected[0]}) > 8, "random weights that emit few distinct tokens would prove little"
