@@ -1,0 +1,55 @@
+"""The recipe a build cell runs: the tiny model, its default inputs as dynamic dims, the table's shapes.
+
+The inputs are what aot's dummy inputs hold for the model (names, ranks, dtypes), with
+the axes that follow the batch or a sequence named as recipe dims, and every other
+size fixed. The recipe validates at the table's second and third shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+import yaml
+
+from aot.tracing.dummy_inputs import default_input_names
+
+from .shapes import SHAPES, inputs_at, named_axes
+from .tiny_config import model_config
+
+_MAX = {"batch": 8, "sequence": 32, "decoder_sequence": 16}
+
+
+def _sizes(batch: int, sequence: int) -> dict[str, int]:
+    from aot.tracing.dummy_inputs import DECODER_SEQUENCE, SEQUENCE
+
+    return {"batch": batch, "sequence": sequence, "decoder_sequence": DECODER_SEQUENCE * sequence // SEQUENCE or 1}
+
+
+def tiny_recipe(model_type: str, class_name: str, frontend: str, model: torch.nn.Module) -> dict:
+    names = default_input_names(model)
+    axes = named_axes(model, names)
+    example = inputs_at(model, names, *SHAPES[0])
+    used = sorted({dim for named in axes.values() for dim in named.values()})
+    trace_sizes = _sizes(*SHAPES[0])
+    tensors = [
+        {
+            "name": name,
+            "shape": [axes.get(name, {}).get(axis, size) for axis, size in enumerate(value.shape)],
+            "dtype": str(value.dtype).removeprefix("torch."),
+        }
+        for name, value in example.items()
+    ]
+    return {
+        "name": f"coverage-{model_type}",
+        "model": {"config": model_config(model_type, type(model)), "class": class_name, "seed": 0},
+        "inputs": {
+            "dims": {dim: {"size": trace_sizes[dim], "dynamic": True, "min": 1 if dim == "batch" else 2, "max": _MAX[dim]}
+                     for dim in used},
+            "tensors": tensors,
+        },
+        "trace": {"frontend": frontend},
+        "validate": {"shapes": [{dim: _sizes(*shape)[dim] for dim in used} for shape in SHAPES[1:]] if used else []},
+    }
+
+
+def tiny_recipe_text(model_type: str, class_name: str, frontend: str, model: torch.nn.Module) -> str:
+    return yaml.safe_dump(tiny_recipe(model_type, class_name, frontend, model), sort_keys=False)
