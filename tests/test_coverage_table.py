@@ -169,7 +169,7 @@ def test_readme_section_round_trip_keeps_every_other_line(tmp_path):
         render.replace_section("no markers here", markdown)
 
 
-@pytest.mark.slow
+@pytest.mark.coverage_table  # opt-in (pyproject): the cells that fail are the coverage issue's open work
 @pytest.mark.parametrize("model_type", list(ROWS))
 def test_architecture_traces_with_both_frontends_and_builds(model_type):
     data = {"architectures": {}}
