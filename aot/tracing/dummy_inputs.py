@@ -51,7 +51,20 @@ def default_input_names(model: torch.nn.Module) -> list[str]:
             names.append("token_type_ids")
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         names.append("decoder_input_ids")
+    if main == "input_ids" and "pixel_values" in parameters and getattr(config, "vision_config", None) is not None:
+        names.append("pixel_values")  # a dual encoder (CLIP, SigLIP): its forward embeds text and images both
     return names
+
+
+def _audio_samples(config, frames: int) -> int:
+    """Raw audio samples from which a wav2vec2-style convolutional feature encoder makes ``frames`` frames."""
+    kernels = list(getattr(config, "conv_kernel", None) or [10, 3, 3, 3, 3, 2, 2])
+    strides = list(getattr(config, "conv_stride", None) or [5, 2, 2, 2, 2, 2, 2])
+    receptive_field, hop = 1, 1
+    for kernel, stride in zip(kernels, strides):
+        receptive_field += (kernel - 1) * hop
+        hop *= stride
+    return receptive_field + (frames - 1) * hop
 
 
 def _sub_config(config, *names: str):
@@ -128,10 +141,16 @@ def make_dummy_inputs(
             size = size if isinstance(size, int) else size[0]
             channels = getattr(vision, "num_channels", 3)
             inputs[name] = torch.randn(batch, channels, size, size, generator=generator)
-        elif name == "input_features":
+        elif name == "input_features" and getattr(config, "input_feat_per_channel", None):
+            # Speech2Text: (batch, frames, features), its convolutions halving the frames each
+            features = config.input_feat_per_channel * getattr(config, "input_channels", 1)
+            inputs[name] = torch.randn(batch, 2 ** getattr(config, "num_conv_layers", 2) * sequence, features, generator=generator)
+        elif name == "input_features":  # Whisper: (batch, mel bins, frames), exactly twice its source positions
             mel_bins = getattr(config, "num_mel_bins", 80)
             frames = 2 * getattr(config, "max_source_positions", 1500)
             inputs[name] = torch.randn(batch, mel_bins, frames, generator=generator)
+        elif name == "input_values":  # raw audio whose feature encoder makes `sequence` frames (not one: see shape_check)
+            inputs[name] = torch.randn(batch, _audio_samples(config, sequence), generator=generator)
         elif name in ("inputs_embeds", "decoder_inputs_embeds", "encoder_hidden_states"):
             # ALBERT's embeddings are narrower than its hidden layers: inputs_embeds has embedding_size.
             width = "embedding_size" if name != "encoder_hidden_states" and getattr(text, "embedding_size", None) else "hidden_size"

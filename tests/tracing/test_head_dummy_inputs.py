@@ -95,3 +95,43 @@ def test_albert_inputs_embeds_have_its_embedding_size():
     embeds = torch.randn(2, 7, 16)
     with torch.no_grad():
         torch.testing.assert_close(graph_module(inputs_embeds=embeds)["last_hidden_state"], model(inputs_embeds=embeds).last_hidden_state)
+
+
+def test_a_dual_encoder_gets_images_beside_its_text():
+    from aot.tracing.dummy_inputs import default_input_names
+
+    config = transformers.CLIPConfig(
+        text_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=99, max_position_embeddings=64),
+        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8),
+    )
+    model = _model(transformers.CLIPModel, config)
+    names = default_input_names(model)
+    assert names == ["input_ids", "attention_mask", "pixel_values"]
+    inputs = make_dummy_inputs(model, names)
+    assert inputs["pixel_values"].shape == (2, 3, 32, 32)
+    gm = symbolic_trace(model)
+    with torch.no_grad():
+        assert torch.allclose(gm(**inputs)["logits_per_image"], model(**inputs).logits_per_image, atol=1e-5)
+
+
+def test_raw_audio_is_long_enough_for_as_many_frames_as_tokens():
+    config = transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                                         conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2)
+    model = _model(transformers.Wav2Vec2Model, config)
+    for sequence in (5, 16):
+        inputs = make_dummy_inputs(model, ["input_values"], sequence=sequence)
+        with torch.no_grad():
+            assert model(**inputs).last_hidden_state.shape[1] == sequence  # not one frame, which specialises a trace
+
+
+def test_speech2text_features_are_frames_by_features():
+    config = transformers.Speech2TextConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                            decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, vocab_size=99,
+                                            input_feat_per_channel=20, conv_channels=16, max_source_positions=64, max_target_positions=64)
+    model = _model(transformers.Speech2TextModel, config)
+    inputs = make_dummy_inputs(model, ["input_features", "attention_mask", "decoder_input_ids"], sequence=8)
+    assert inputs["input_features"].shape == (2, 32, 20)  # (batch, frames: two stride-2 convolutions down to 8, features)
+    gm = symbolic_trace(model, ["input_features", "decoder_input_ids"])
+    with torch.no_grad():
+        given = {k: inputs[k] for k in ("input_features", "decoder_input_ids")}
+        assert torch.allclose(gm(**given)["last_hidden_state"], model(**given).last_hidden_state, atol=1e-5)
