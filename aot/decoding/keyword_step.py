@@ -14,7 +14,6 @@ axes and their ranges, and what the saved ``module.py`` needs to generate
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 
 import torch
@@ -99,34 +98,11 @@ class DecoderStep(torch.nn.Module):
 
 def _forward_with(signature: inspect.Signature):
     def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        with _sdpa_mask_skip_decided_without_sizes():
-            outputs = self.decoder(*(inputs[name] for name in self.input_names))
+        outputs = self.decoder(*(inputs[name] for name in self.input_names))
         return dict(zip(self.output_names, outputs))
 
     forward.__signature__ = signature
     return forward
-
-
-@contextlib.contextmanager
-def _sdpa_mask_skip_decided_without_sizes():
-    """While torch.export traces, transformers' "can SDPA skip the mask?" answers no at once.
-
-    It answers no under export anyway, but only after slicing the padding mask when the mask
-    is longer than the keys attention sees (``mask length > past + sequence``): a size branch
-    that torch.export keeps as a guard, true past a sliding window and false before it, so the
-    exported step would refuse every prefill. Outside export the function runs as it is.
-    """
-    from transformers import masking_utils
-
-    original = masking_utils._ignore_causal_mask_sdpa
-    if not torch.compiler.is_exporting():
-        yield
-        return
-    masking_utils._ignore_causal_mask_sdpa = lambda *args, **kwargs: False
-    try:
-        yield
-    finally:
-        masking_utils._ignore_causal_mask_sdpa = original
 
 
 def _max_positions(config) -> int | None:
