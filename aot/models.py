@@ -51,7 +51,10 @@ def load_model(loaded: LoadedRecipe) -> torch.nn.Module:
     if is_decoder_with_cache(loaded):  # the build's model is then the KV-cache step around it
         from aot.decoding.keyword_step import DecoderStep
 
-        model = DecoderStep(model).eval()
+        try:
+            model = DecoderStep(model, last_logits_only=loaded.recipe.generation.logits == "last").eval()
+        except ValueError as error:
+            raise loaded.error(("generation", "logits"), str(error)) from None
     return model
 
 

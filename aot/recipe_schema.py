@@ -319,6 +319,12 @@ class GenerationSpec(_Strict):
         "One model serves the prefill (a past of length 0) and every decode step. The inputs come from the model: "
         "`inputs` must be left out. Needs `trace.frontend: export`.",
     )
+    logits: Literal["all", "last"] = Field(
+        "all",
+        description="`all`: logits for every position, (batch, sequence, vocab), as Optimum's decoders give them; "
+        "`last`: the last position's only, (batch, 1, vocab), as generate computes them: a prefill then skips the "
+        "vocabulary projection of every other prompt token. Greedy loops read the last position either way.",
+    )
     new_tokens: int = Field(
         32, ge=1, description="Tokens each artifact generates per validation prompt; they must equal eager generate's."
     )

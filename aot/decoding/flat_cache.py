@@ -40,9 +40,14 @@ from .premade_masks import premade_masks
 class FlatCacheDecoder(torch.nn.Module):
     """``model`` (a transformers causal LM) behind the flat decoder-with-past step; see the module docstring."""
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, last_logits_only: bool = False):
+        """``last_logits_only``: ``logits`` of the last position only, (batch, 1, vocab), as ``generate`` computes
+        them (``logits_to_keep=1``): a prefill then skips the vocabulary projection of every other token."""
         super().__init__()
         self.model = model
+        self.last_logits_only = last_logits_only
+        if last_logits_only and "logits_to_keep" not in inspect.signature(model.forward).parameters:
+            raise ValueError(f"{type(model).__name__}.forward takes no logits_to_keep: it cannot keep the last logits only")
         self.text_config = model.config.get_text_config(decoder=True)
         self.windows = _layer_windows(DynamicCache(config=self.text_config), type(model).__name__)
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
@@ -76,6 +81,8 @@ class FlatCacheDecoder(torch.nn.Module):
         if torch.compiler.is_exporting():
             mask = premade_masks(self.text_config, input_ids, attention_mask, cache, position_ids, self.model.dtype)
         inputs = {"input_ids": input_ids, "attention_mask": mask, "past_key_values": cache, "use_cache": True}
+        if self.last_logits_only:
+            inputs["logits_to_keep"] = 1
         if position_ids is not None:
             inputs["position_ids"] = position_ids
         output = self.model(**inputs)

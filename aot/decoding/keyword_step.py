@@ -33,9 +33,9 @@ def python_name(name: str) -> str:
 class DecoderStep(torch.nn.Module):
     """``FlatCacheDecoder(model)`` called as ``step(**{python name: tensor})`` -> ``{output name: tensor}``."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, last_logits_only: bool = False):
         super().__init__()
-        self.decoder = FlatCacheDecoder(model)
+        self.decoder = FlatCacheDecoder(model, last_logits_only)
         self.input_names = [python_name(name) for name in self.decoder.input_names()]
         self.output_names = self.decoder.output_names()
         # torch.export and the build read forward's parameters by name; each layout has its own.

@@ -193,3 +193,14 @@ def test_decoder_family_builds_and_generates_eagers_tokens(tmp_path, family):
     }
     windowed = family.startswith("gemma")  # a sliding-window layer's past is named apart from a full layer's
     assert ("past_window_sequence" in past_axes.values()) == windowed, past_axes
+
+
+def test_last_logits_only_keep_one_position_and_the_same_tokens(tmp_path):
+    recipe = _recipe(tmp_path, "llama")
+    text = open(recipe).read().replace("generation: {cache: true,", "generation: {cache: true, logits: last,")
+    assert "logits: last" in text, "precondition: the recipe asks for the last logits only"
+    open(recipe, "w").write(text)
+    report = build(recipe, tmp_path / "out")
+    assert report.ok and all(g.ok for g in report.generation) and len(report.generation) == 8
+    logits = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False).graph.output[0]
+    assert [d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim] == ["batch", 1, 128]
