@@ -39,7 +39,7 @@ from aot.quiet import quiet_torch
 
 from .dim_narrowing import narrowed_default_range
 from .dummy_inputs import forward_parameters
-from .model_state import disable_hooked_forward, preserved_model_state
+from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state
 from .scope import Scope, qualified_type_name
 from .source_location import raised_at
 
@@ -126,16 +126,13 @@ def _cache_off(model: torch.nn.Module, example_kwargs: Mapping[str, Any], notes:
     which ``torch.export`` cannot return; the inputs stay as given (a ``use_cache`` keyword
     would become a graph input).
     """
-    config = getattr(model, "config", None)
-    if "use_cache" in example_kwargs or not getattr(config, "use_cache", False) or "use_cache" not in forward_parameters(model):
+    if "use_cache" in example_kwargs or "use_cache" not in forward_parameters(model):
         yield
         return
-    config.use_cache = False
-    notes.append("traced with use_cache=False")
-    try:
+    with config_use_cache_off(model) as changed:
+        if changed:
+            notes.append("traced with use_cache=False")
         yield
-    finally:
-        config.use_cache = True
 
 
 def export_trace(

@@ -67,6 +67,20 @@ def preserved_model_state(model: torch.nn.Module) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
+def config_use_cache_off(model: torch.nn.Module) -> Iterator[bool]:
+    """``model.config.use_cache`` False inside, so that a decoder builds no KV cache object; yields whether it was on."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "use_cache", False):
+        yield False
+        return
+    config.use_cache = False
+    try:
+        yield True
+    finally:
+        config.use_cache = True
+
+
+@contextlib.contextmanager
 def disable_hooked_forward(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """Run with accelerate's forward hooks removed; they are always restored."""
     hooked = [

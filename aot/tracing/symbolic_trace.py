@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import logging
@@ -34,7 +35,7 @@ from aot.errors import TraceError
 from aot.quiet import quiet_torch
 
 from .dummy_inputs import default_input_names, forward_parameters, make_dummy_inputs
-from .model_state import disable_hooked_forward, preserved_model_state
+from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state
 from .shape_check import check_at_second_shape, specialising_sizes
 from .tracer import HFTracer
 
@@ -215,17 +216,23 @@ def symbolic_trace(
 
     static_kwargs = dict(concrete_args or {}) if input_names is not None else {}
     notes = specialising_sizes(dummy_inputs) if dummy_inputs is not None and not made_dummy_inputs else []
-    if is_hf and input_names is not None and "use_cache" in forward_parameters(model):
+    # A head whose forward hands **kwargs to its base model (decoders' *ForQuestionAnswering) takes no
+    # use_cache of its own: the config's is turned off while tracing, or the base model builds a cache.
+    takes_use_cache = "use_cache" in forward_parameters(model)
+    if is_hf and input_names is not None and takes_use_cache:
         if "use_cache" not in input_names and "use_cache" not in static_kwargs:
             static_kwargs["use_cache"] = False
             notes.append("traced with use_cache=False")
+    cache_off = config_use_cache_off(model) if is_hf and not takes_use_cache else contextlib.nullcontext(False)
 
     tracer = (tracer_cls or HFTracer)(
         leaf_modules=leaf_modules,
         autowrap_functions=tuple(resolve_function(fn) for fn in autowrap_functions),
     )
     adapter = _OutputAdapter()
-    with disable_hooked_forward(model), preserved_model_state(model) as restored:
+    with cache_off as turned_off, disable_hooked_forward(model), preserved_model_state(model) as restored:
+        if turned_off:
+            notes.append("traced with config.use_cache=False")
         try:
             with quiet_torch("the fx tracer"):  # fake tensors log the error of an op that fails on them
                 graph = tracer.trace_model(

@@ -135,3 +135,16 @@ def test_speech2text_features_are_frames_by_features():
     with torch.no_grad():
         given = {k: inputs[k] for k in ("input_features", "decoder_input_ids")}
         assert torch.allclose(gm(**given)["last_hidden_state"], model(**given).last_hidden_state, atol=1e-5)
+
+
+def test_a_head_that_passes_kwargs_to_its_decoder_traces_without_a_cache():
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=99, max_position_embeddings=64)
+    model = _model(transformers.LlamaForQuestionAnswering, config)
+    assert "use_cache" not in __import__("inspect").signature(model.forward).parameters and config.use_cache, "precondition"
+    gm = symbolic_trace(model)
+    assert "traced with config.use_cache=False" in gm.meta["trace_report"]["notes"]
+    assert config.use_cache, "the config is as it was"
+    inputs = make_dummy_inputs(model, ["input_ids", "attention_mask"], batch=3, sequence=9)
+    with torch.no_grad():
+        assert torch.allclose(gm(**inputs)["start_logits"], model(**inputs).start_logits, atol=1e-5)
