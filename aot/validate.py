@@ -305,7 +305,7 @@ class ArtifactChecks:
             run = lambda case: export.run_onnx(onnx_path, named(case.inputs))  # noqa: E731
             results = check_artifact("onnx", run, self.cases, self.expected, tolerances, "model.onnx in onnxruntime", self._gated)
             if self.gate is not None:
-                accuracy.append(self.gate.measure("onnx", lambda batch: export.run_onnx(onnx_path, batch)))
+                accuracy.append(self.gate.measure("onnx", lambda batch: export.run_onnx(onnx_path, named(batch))))
             export.release_sessions()
         release_freed_memory()
         return results, accuracy

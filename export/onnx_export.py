@@ -31,7 +31,7 @@ import torch.fx
 from aot.errors import ExportError
 from aot.outputs import flatten_outputs
 from aot.quiet import quiet_torch
-from aot.tracing.export_trace import INFERRED
+from aot.tracing.export_trace import INFERRED, export_dim
 from aot.tracing.source_location import raised_at
 
 from .onnx_files import first_line, step_errors, write_checked
@@ -174,20 +174,12 @@ def _dynamic_shapes(
         shapes[name] = {axis: dim_name for axis, dim_name in sorted(axes.items())} if axes else None
     if dim_ranges is None:
         return shapes
-    dims = {name: _bounded_dim(name, dim_ranges.get(name, (None, None))) for name in _dim_names(dynamic_dims)}
+    dims = {name: export_dim(name, dim_ranges.get(name, (None, None))) for name in _dim_names(dynamic_dims)}
     return {name: {axis: dims[dim_name] for axis, dim_name in axes.items()} if axes else None for name, axes in shapes.items()}
 
 
 def _dim_names(dynamic_dims: dict[str, dict[int, str]]) -> set[str]:
     return {dim_name for axes in dynamic_dims.values() for dim_name in axes.values()}
-
-
-def _bounded_dim(name: str, bounds: tuple[int | None, int | None] | str):
-    if bounds == INFERRED:  # the exporter states it through the other dims (a decoder's mask: past + sequence)
-        return torch.export.Dim.AUTO
-    low, high = bounds
-    bounds = {key: value for key, value in (("min", low), ("max", high)) if value is not None}
-    return torch.export.Dim(name, **bounds)
 
 
 @contextlib.contextmanager

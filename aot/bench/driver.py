@@ -43,7 +43,7 @@ import numpy as np
 from aot.bench.worker import RunnerHost, RunnerSpec
 from aot.errors import AotError, RecipeError
 from aot.integrity import verify_directory
-from aot.recipe import LoadedRecipe
+from aot.recipe import LoadedRecipe, is_decoder_with_cache
 from aot.stages import Progress, Stages
 from aot.validate import recipe_of_build
 
@@ -115,7 +115,7 @@ def grid_shapes(loaded: LoadedRecipe, grid: dict[str, list[int]]) -> list[dict[s
     import itertools
 
     dims = {name: [dim.size] for name, dim in loaded.recipe.inputs.dims.items()}
-    if _generates(loaded):
+    if is_decoder_with_cache(loaded):
         dims = {name: list(sizes) for name, sizes in DECODER_GRID.items()}
     for name, sizes in grid.items():
         if name not in dims:
@@ -148,9 +148,9 @@ def bench(
         integrity = verify_directory(directory, expect_sha256)
         loaded = recipe_of_build(directory, integrity.manifest)
     shapes = grid_shapes(loaded, grid or {})
-    if peers and _generates(loaded):
+    if peers and is_decoder_with_cache(loaded):
         raise RecipeError("--peers: a decoder build is timed against eager generate only")
-    if _generates(loaded) and new_tokens < 2:
+    if is_decoder_with_cache(loaded) and new_tokens < 2:
         raise RecipeError(f"--new-tokens {new_tokens}: a decode time needs at least 2 tokens")
     if peers and loaded.recipe.model.device != "cpu":
         raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {loaded.recipe.model.device}")
@@ -203,10 +203,6 @@ def _peer_accuracy(hosts: dict[str, Any], peers: tuple[str, ...], report: BenchR
             report.accuracy[name] = reply["metrics"]
         else:
             log.warning("peer %s: accuracy not measured: %s", name, reply.get("problem"))
-
-
-def _generates(loaded: LoadedRecipe) -> bool:
-    return loaded.recipe.generation is not None and loaded.recipe.generation.cache
 
 
 def _default_threads() -> int:

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from aot.decoding.generation_check import eager_greedy, stepwise
+
 PREFILL, DECODE = "prefill", "decode"
 
 
@@ -65,17 +67,13 @@ def eager_generate(causal_lm: torch.nn.Module):
             return scores
 
     def generate(input_ids, attention_mask, new_tokens, stamp):
-        return causal_lm.generate(
-            input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new_tokens,
-            eos_token_id=None, pad_token_id=0, logits_processor=LogitsProcessorList([Stamp(stamp)]),
-        )
+        return eager_greedy(causal_lm, input_ids, attention_mask, new_tokens, logits_processor=LogitsProcessorList([Stamp(stamp)]))
 
     return generate
 
 
 def step_generate(step: Callable[..., Any], past_layout) -> Callable:
-    """Greedy generation over a flat step, stamping as each step returns."""
-    from aot.decoding.greedy import greedy_generate
+    """Greedy generation over a flat step (the loop the build validates with), stamping as each step returns."""
 
     def generate(input_ids, attention_mask, new_tokens, stamp):
         def stamped(*tensors):
@@ -83,7 +81,7 @@ def step_generate(step: Callable[..., Any], past_layout) -> Callable:
             stamp()
             return outputs
 
-        return greedy_generate(stamped, input_ids, attention_mask, new_tokens, past_layout=past_layout)
+        return stepwise(stamped, past_layout)(input_ids, attention_mask, new_tokens)
 
     return generate
 

@@ -102,12 +102,13 @@ class RunnerHost:
         from aot.bench.peers import build_peer
         from aot.inputs import dynamic_axes, make_inputs
         from aot.models import load_model, load_tokenizer
+        from aot.recipe import is_decoder_with_cache
         from aot.validate import eager_extra_arguments, recipe_of_build
 
         spec, build = self.spec, Path(self.spec.build)
         loaded = recipe_of_build(build, json.loads((build / "manifest.json").read_text()))
         inputs_file = Path(spec.workdir) / INPUTS_FILE
-        if loaded.recipe.generation is not None and loaded.recipe.generation.cache:
+        if is_decoder_with_cache(loaded):
             self.generates = True
             return self._load_generation(loaded, build, inputs_file)
         needs_model = spec.runner not in ("graph_module", "onnx")  # eager, and the peers built from it

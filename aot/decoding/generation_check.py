@@ -69,14 +69,18 @@ def prompts(lengths: Sequence[int], vocab_size: int, seed: int) -> list[Prompt]:
 def eager_tokens(causal_lm: torch.nn.Module, prompt: Prompt, new_tokens: int) -> torch.Tensor:
     """``generate(do_sample=False)``: exactly ``new_tokens`` tokens (no end-of-sequence stop), prompt included."""
     with torch.no_grad():
-        return causal_lm.generate(
-            prompt.input_ids,
-            attention_mask=prompt.attention_mask,
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
+        return eager_greedy(causal_lm, prompt.input_ids, prompt.attention_mask, new_tokens)
+
+
+def eager_greedy(causal_lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int, **options):
+    """Eager ``generate`` as every check and bench here runs it: greedy, ``new_tokens`` tokens, no EOS stop.
+
+    ``options``: more of ``generate``'s arguments (the bench's timing ``logits_processor``).
+    """
+    return causal_lm.generate(
+        input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0,
+        **options,
+    )
 
 
 def check_generation(
@@ -120,7 +124,6 @@ class GenerationReference:
     prompts: list[Prompt]
     tokens: list[torch.Tensor]
     new_tokens: int
-    past_layout: PastLayout
     artifact_meta: dict
 
     @classmethod
@@ -128,7 +131,7 @@ class GenerationReference:
         """``step``: the build's :class:`~aot.decoding.keyword_step.DecoderStep`."""
         made = prompts(prompt_lengths, step.config.vocab_size, seed)
         tokens = [eager_tokens(step.causal_lm, prompt, new_tokens) for prompt in made]
-        return cls(made, tokens, new_tokens, step.decoder.past_layout, step.artifact_meta())
+        return cls(made, tokens, new_tokens, step.artifact_meta())
 
     def check_files(self, directory: Path, sha256_of: Callable[[str], str | None]) -> list[GenerationCheck]:
         """``model.onnx`` through plain ONNX Runtime, ``graph_module/`` through its ``module.py``'s own ``generate``."""

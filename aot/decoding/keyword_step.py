@@ -65,9 +65,9 @@ class DecoderStep(torch.nn.Module):
 
         The mask's length is ``past + sequence``, which no named dim can state: torch.export infers it.
         """
-        from aot.tracing.export_trace import INFERRED
+        from aot.tracing.export_trace import INFERRED, max_positions
 
-        positions = _max_positions(self.config)
+        positions = max_positions(self)  # from self.config, as for any model
         windows = [window for window in self.decoder.windows if window is not None]
         ranges = {BATCH: (1, None), SEQUENCE: (1, positions), TOTAL_SEQUENCE: INFERRED, PAST_SEQUENCE: (0, positions)}
         if windows:
@@ -103,11 +103,3 @@ def _forward_with(signature: inspect.Signature):
 
     forward.__signature__ = signature
     return forward
-
-
-def _max_positions(config) -> int | None:
-    for key in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 2:
-            return value
-    return None

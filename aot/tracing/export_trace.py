@@ -51,7 +51,8 @@ _TOKEN_INPUT_MARKERS = ("input_ids", "attention_mask", "token_type_ids", "positi
 _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_source_positions")
 
 
-def _max_positions(model: torch.nn.Module) -> int | None:
+def max_positions(model: torch.nn.Module) -> int | None:
+    """The model's position limit, from its config (``max_position_embeddings`` and kin); None if it names none."""
     config = getattr(model, "config", None)
     for key in _MAX_POSITION_KEYS:
         value = getattr(config, key, None)
@@ -63,10 +64,15 @@ def _max_positions(model: torch.nn.Module) -> int | None:
 INFERRED = "inferred"  # a dim_ranges value: torch.export works the size out from the other dims
 
 
-def _dim(name: str, low: int | None, high: int | None, inferred: bool) -> Any:
-    if inferred:  # e.g. a decoder's mask length, past + sequence, which no named Dim can state
+def export_dim(name: str, bounds: tuple[int | None, int | None] | str) -> Any:
+    """The ``torch.export`` dim for ``(min, max)`` (either may be None), or ``Dim.AUTO`` for :data:`INFERRED`.
+
+    The export frontend and the ONNX exporter both state their dims through it.
+    """
+    if bounds == INFERRED:  # e.g. a decoder's mask length, past + sequence, which no named Dim can state
         return torch.export.Dim.AUTO
-    return torch.export.Dim(name, min=low, max=high) if high is not None else torch.export.Dim(name, min=low)
+    low, high = bounds
+    return torch.export.Dim(name, **{key: value for key, value in (("min", low), ("max", high)) if value is not None})
 
 
 def _build_dims(
@@ -76,7 +82,7 @@ def _build_dims(
     dim_ranges: Mapping[str, tuple[int, int] | str] | None,
 ) -> tuple[dict[str, dict[int, Any]], dict[str, list[int | None]]]:
     dim_ranges = dict(dim_ranges or {})
-    max_positions = _max_positions(model)
+    position_limit = max_positions(model)
     ranges: dict[str, list[int | None]] = {}
     for input_name, axes in dynamic_dims.items():
         if input_name not in example_kwargs:
@@ -94,12 +100,12 @@ def _build_dims(
                 ranges[dim_name] = [low if given_low is None else int(given_low), None if given_high is None else int(given_high)]
                 continue
             high = None
-            if int(axis) != 0 and max_positions and any(m in input_name for m in _TOKEN_INPUT_MARKERS):
-                high = max_positions
+            if int(axis) != 0 and position_limit and any(m in input_name for m in _TOKEN_INPUT_MARKERS):
+                high = position_limit
             current = ranges.setdefault(dim_name, [low, high])
             if high is not None and (current[1] is None or high < current[1]):
                 current[1] = high
-    dims = {name: _dim(name, low, high, dim_ranges.get(name) == INFERRED) for name, (low, high) in ranges.items()}
+    dims = {name: export_dim(name, INFERRED if dim_ranges.get(name) == INFERRED else bounds) for name, bounds in ranges.items()}
     shapes: dict[str, dict[int, Any]] = {}
     for input_name in example_kwargs:
         axes = (dynamic_dims or {}).get(input_name)
