@@ -7,6 +7,10 @@ single line that names the file, key or node at fault.
 
 from __future__ import annotations
 
+import re
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
 
 class AotError(Exception):
     """Base class of every error aot reports to the user."""
@@ -72,3 +76,9 @@ EXIT_CODES = {
     130: "interrupted (SIGINT, Ctrl-C)",
     143: "terminated (SIGTERM)",
 }
+
+
+def first_line(error: BaseException) -> str:
+    """The first non-blank line of ``error``'s message, without terminal colours: what a one-line report keeps."""
+    text = _ANSI_ESCAPE.sub("", str(error)).strip()
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)

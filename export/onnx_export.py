@@ -28,13 +28,13 @@ import onnx_ir as ir
 import torch
 import torch.fx
 
-from aot.errors import ExportError
+from aot.errors import ExportError, first_line
 from aot.outputs import flatten_outputs
 from aot.quiet import quiet_torch
 from aot.tracing.export_trace import INFERRED, export_dim
 from aot.tracing.source_location import raised_at
 
-from .onnx_files import first_line, step_errors, write_checked
+from .onnx_files import step_errors, write_checked
 from .onnx_float16 import convert_to_float16
 from .onnx_int8 import lower_int8_linears
 from .ort_fusions import Target, fuse_for_ort

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -21,9 +20,8 @@ from pathlib import Path
 
 import onnx
 
-from aot.errors import ExportError
+from aot.errors import ExportError, first_line
 
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def write_checked(path: Path, write: Callable[[Path], None]) -> list[Path]:
@@ -57,7 +55,3 @@ def step_errors(path: Path, failure: str) -> Iterator[None]:
         raise ExportError(f"{Path(path).name}: {failure}: {type(error).__name__}: {first_line(error)}") from None
 
 
-def first_line(error: BaseException) -> str:
-    """The first non-blank line of ``error``'s message, without terminal colours."""
-    text = _ANSI_ESCAPE.sub("", str(error)).strip()
-    return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)

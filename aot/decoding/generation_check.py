@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from aot.errors import first_line
+
 from .greedy import PastLayout, first_divergence, greedy_generate
 
 _SHORTER_BY = 2  # the batch-2 prompts' second row: this much left padding
@@ -100,8 +102,7 @@ def check_generation(
             with torch.no_grad():
                 tokens = generate(prompt.input_ids, prompt.attention_mask, new_tokens)
         except Exception as error:  # reported as this artifact's failure on this prompt, beside the other checks
-            first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-            message = f"{artifact}: generation on prompt '{prompt.label}' fails: {type(error).__name__}: {first_line}"
+            message = f"{artifact}: generation on prompt '{prompt.label}' fails: {type(error).__name__}: {first_line(error)}"
             results.append(GenerationCheck(artifact, prompt.label, new_tokens, False, message))
             continue
         divergence = first_divergence(reference, tokens, prompt.input_ids.shape[1])
