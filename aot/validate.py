@@ -413,7 +413,8 @@ def generation_reference(loaded: LoadedRecipe, model: torch.nn.Module):
     from aot.decoding.generation_check import GenerationReference
 
     spec = loaded.recipe.generation
-    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, loaded.recipe.model.seed)
+    tolerances = loaded.recipe.validate_
+    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, loaded.recipe.model.seed, tolerances.atol, tolerances.rtol)
 
 
 def recipe_of_build(directory: Path, manifest: dict[str, Any], recipe_path: str | Path | None = None) -> LoadedRecipe:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from aot.build import build
-from aot.decoding.generation_check import check_generation, eager_tokens, prompts
+from aot.decoding.generation_check import ForcedStep, check_generation, eager_tokens, prompts
+from aot.decoding.greedy import greedy_generate
 from aot.decoding.names import input_names, output_names
 from aot.errors import RecipeError
 from aot.models import load_model
@@ -111,6 +112,39 @@ def test_a_wrong_step_is_named_at_the_first_token_it_changes():
     assert [r.ok for r in results] == [False, False], results
     assert "tokens differ from eager generate at new token" in results[0].message
     assert "prompt 'length 5, batch 1'" in results[0].message
+
+    def step_forgetting_the_first(*tensors):
+        logits, *present = step.decoder(*tensors)
+        return [logits, *[torch.cat([torch.zeros_like(t[:, :, :1]), t[:, :, 1:]], dim=2) for t in present]]
+
+    forced = ForcedStep(step_forgetting_the_first, layout, atol=1e-4, rtol=1e-4)
+    judged = check_generation("onnx", forgetful, checked, references, 10, forced)
+    assert [r.ok for r in judged] == [False, False] and "not a tie" in judged[0].message, judged
+
+
+def test_a_tie_between_two_tokens_is_not_a_failure_but_a_wrong_token_is():
+    """A step whose rival token scores eager's pick plus 1e-6 takes the rival: a tie within atol, so it passes."""
+    step = load_model(load_recipe(_recipe_path_for_check()))
+    checked = prompts([5], step.config.vocab_size, seed=0)[:1]
+    references = [eager_tokens(step.causal_lm, prompt, 10) for prompt in checked]
+    picked = int(references[0][0, 5])
+    rival = (picked + 1) % step.config.vocab_size
+    layout = step.decoder.past_layout
+
+    def step_preferring_the_rival(*tensors):
+        logits, *present = step.decoder(*tensors)
+        logits = logits.clone()
+        logits[..., rival] = logits[..., picked] + 1e-6
+        return [logits, *present]
+
+    def generate(input_ids, attention_mask, new_tokens):
+        return greedy_generate(step_preferring_the_rival, input_ids, attention_mask, new_tokens, past_layout=layout)
+
+    assert not torch.equal(generate(checked[0].input_ids, checked[0].attention_mask, 10), references[0]), "precondition: the texts differ"
+    tied = check_generation("graph_module", generate, checked, references, 10, ForcedStep(step_preferring_the_rival, layout, 1e-4, 1e-4))
+    assert tied[0].ok and "ties within atol+rtol" in tied[0].message and "new token 1 of row 0" in tied[0].message, tied
+    exact = check_generation("graph_module", generate, checked, references, 10, ForcedStep(step_preferring_the_rival, layout, 0.0, 0.0))
+    assert not exact[0].ok and "not a tie: fed eager's tokens, at new token 1 of row 0" in exact[0].message, exact
 
 
 def _recipe_path_for_check(cache={}):  # noqa: B006 (one tiny recipe file per session)

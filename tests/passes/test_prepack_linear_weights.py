@@ -11,6 +11,7 @@ from aot.passes import DeadCodeElimination, MergeLinears, PrepackLinearWeights, 
 from aot.runtime import OneDNNLinear
 from tests.passes.helpers import (
     BERT_INPUT_NAMES,
+    export_graph,
     BERT_SHAPES,
     assert_matches_eager,
     assert_same_tensors,
@@ -19,6 +20,7 @@ from tests.passes.helpers import (
     count_calls,
     fx_graph,
     randn_sets,
+    shape_sets,
     snapshot,
     tiny_bert,
 )
@@ -126,7 +128,7 @@ def test_reverse_restores_linear_layers_and_functional_activations():
 
 def test_options_and_registration():
     info = registry.get("prepack_linear_weights")
-    assert info.frontends == {"fx"} and info.reversible and info.preserves_computation
+    assert info.frontends == {"fx", "export"} and info.reversible and info.preserves_computation
     assert PrepackLinearWeights().options.batch_size_hint == 128
     with pytest.raises(ValidationError, match="batch_size_hint"):
         PrepackLinearWeights(batch_size_hint=0)
@@ -179,3 +181,83 @@ def test_bert_gelu_activation_traced_as_a_leaf_is_fused():
     assert call_targets(graph_module)["GELUActivation"] == 0
     assert sorted(_packed(graph_module).values()).count("gelu") == 2
     assert_matches_eager(model, graph_module, [bert_inputs(2, 7)], atol=1e-5, rtol=1e-4)
+
+
+# -- ATen graphs (export frontend) ---------------------------------------------------------
+
+_aten = torch.ops.aten
+
+
+class AtenLayers(nn.Module):
+    """A GELU-fused linear, a bias-free one, GPT-2's Conv1D (an addmm on an (in, out) weight), a linear called twice."""
+
+    def __init__(self):
+        from transformers.pytorch_utils import Conv1D
+
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8, bias=False)
+        self.conv1d = Conv1D(12, 8)
+        self.twice = nn.Linear(12, 8)
+
+    def forward(self, x):
+        h = self.down(F.gelu(self.up(x)))
+        return self.twice(self.conv1d(h)) + self.twice(self.conv1d(x))
+
+
+def test_aten_linears_and_addmms_become_onednn_linears_at_the_paths_holding_their_weights():
+    torch.manual_seed(0)
+    model = AtenLayers().eval()
+    graph_module = export_graph(model, torch.randn(2, 5, 8))
+    keys_before = sorted(graph_module.state_dict())
+    assert count_calls(graph_module, _aten.linear.default) == 4 and count_calls(graph_module, _aten.addmm.default) == 2
+
+    result = PrepackLinearWeights().apply(graph_module)
+
+    assert result.modified and result.matched == result.changed == 6, result.notes
+    assert count_calls(graph_module, _aten.linear.default, _aten.addmm.default, _aten.gelu.default) == 0
+    assert _packed(graph_module) == {"up": "gelu", "down": "none", "conv1d": "none", "twice": "none"}
+    assert sorted(graph_module.state_dict()) == keys_before, "same keys: each OneDNNLinear holds the weights it replaced"
+    assert torch.equal(graph_module.conv1d.weight, model.conv1d.weight.t()), "Conv1D's (in, out) weight is held as (out, in)"
+    assert graph_module.up.weight is model.up.weight, "a linear's Parameters are shared, not copied"
+    assert_matches_eager(model, graph_module, shape_sets(torch.randn, [(2, 5, 8), (1, 1, 8), (3, 17, 8)]), atol=1e-5, rtol=1e-5)
+
+
+def test_aten_reverse_gives_back_the_aten_calls_and_the_holders():
+    torch.manual_seed(0)
+    model = AtenLayers().eval()
+    graph_module = export_graph(model, torch.randn(2, 5, 8))
+    transformation = PrepackLinearWeights()
+    transformation(graph_module)
+    assert _packed(graph_module), "precondition: something was packed"
+
+    result = transformation.apply(graph_module, reverse=True)
+
+    assert result.modified and not _packed(graph_module) and not transformation.get_transformed_nodes(graph_module)
+    assert count_calls(graph_module, _aten.linear.default) == 4 and count_calls(graph_module, _aten.addmm.default) == 2
+    assert count_calls(graph_module, _aten.gelu.default) == 1
+    assert torch.equal(graph_module.conv1d.weight, model.conv1d.weight)
+    assert_matches_eager(model, graph_module, shape_sets(torch.randn, [(2, 5, 8), (3, 17, 8)]), atol=1e-5, rtol=1e-5)
+
+
+class ScaledLinear(nn.Module):
+    """A weight read by aten.linear from a module that also holds another tensor: not a layer's tensors alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 8))
+        self.scale = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        return F.linear(x, self.weight) * self.scale
+
+
+def test_an_aten_weight_whose_module_holds_more_is_left_alone_with_a_note():
+    graph_module = export_graph(nn.Sequential(ScaledLinear()).eval(), torch.randn(2, 8))
+    assert count_calls(graph_module, _aten.linear.default) == 1
+
+    result = PrepackLinearWeights().apply(graph_module)
+
+    assert not result.modified and result.matched == 1 and result.changed == 0
+    assert count_calls(graph_module, _aten.linear.default) == 1
+    assert any("holds ['scale', 'weight']" in note for note in result.notes), result.notes

@@ -16,9 +16,9 @@ BUILT_IN = registry.all_passes()
 REVERSIBLE = {
     "merge_linears", "fuse_bias_in_linear", "change_true_div_to_mul_by_inverse", "prepack_linear_weights", "deep_copy", "lint_and_recompile",
 }
-# prepack_linear_weights: its packed weights cannot live in an ATen graph; quantize_linear_int8 swaps nn.Linear
-# modules, which an ATen graph holds as aten.linear on parameters; cast_precision: an ATen graph bakes in its dtypes.
-FX_ONLY = {"prepack_linear_weights", "quantize_linear_int8", "cast_precision"}
+# quantize_linear_int8 swaps nn.Linear modules, which an ATen graph holds as aten.linear on parameters;
+# cast_precision: an ATen graph bakes in its dtypes.
+FX_ONLY = {"quantize_linear_int8", "cast_precision"}
 NOT_REWRITING = {"deep_copy", "lint_and_recompile"}  # no graph before and after to show
 
 
