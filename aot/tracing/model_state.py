@@ -8,6 +8,14 @@ of parameters, buffers, submodules and hooks inside it) and every config
 reachable from a module, and puts all of it back on exit, listing what it had
 to restore.
 
+``traceable_experts`` computes mixture-of-experts layers with transformers'
+``batched_mm`` implementation while tracing: the default ``grouped_mm`` sorts the
+tokens by expert and cuts them into groups whose sizes depend on the routing (data
+that no graph can branch on, and an op registered outside torch that no artifact can
+save), and the ``eager`` loop visits only the experts some token chose. ``batched_mm``
+gathers each token's chosen experts' weights and runs one batched matmul: the same sums
+for any routing, in torch ops both frontends trace and both artifacts save.
+
 ``disable_hooked_forward`` takes accelerate's hooks off (``module.forward`` is
 the hooked wrapper, ``module._old_forward`` the original) for the duration of
 the trace and always puts them back.
@@ -78,6 +86,26 @@ def config_use_cache_off(model: torch.nn.Module) -> Iterator[bool]:
         yield True
     finally:
         config.use_cache = True
+
+
+TRACEABLE_EXPERTS = "batched_mm"
+
+
+@contextlib.contextmanager
+def traceable_experts(model: torch.nn.Module) -> Iterator[str | None]:
+    """Experts layers on ``batched_mm`` inside; yields the implementation they had, or None when nothing changed."""
+    can_set = getattr(type(model), "_can_set_experts_implementation", None)
+    config = getattr(model, "config", None)
+    current = getattr(config, "_experts_implementation", None)
+    if not callable(can_set) or not can_set() or current in (None, TRACEABLE_EXPERTS):
+        yield None
+        return
+    before = model.get_experts_implementation()
+    model.set_experts_implementation(TRACEABLE_EXPERTS)
+    try:
+        yield current
+    finally:
+        model.set_experts_implementation(before)
 
 
 @contextlib.contextmanager
