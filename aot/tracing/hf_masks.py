@@ -14,6 +14,9 @@ and records the rest as a single call to a pure-torch leaf from
     create_causal_mask(config, inputs_embeds=e, attention_mask=None), sdpa
         -> None                                                  # SDPA's is_causal, as eager does
 
+    create_bidirectional_sliding_window_mask(config, inputs_embeds=e, attention_mask=m)
+        -> bidirectional_sliding_window_mask(e, m, config.sliding_window, additive)
+
 The graph always materialises a mask where eager *might* have skipped it after
 looking at the data (an all-ones padding mask): the numbers are the same.
 """
@@ -29,7 +32,7 @@ import torch.fx
 
 from aot.errors import TraceError
 
-from .torch_functions import bidirectional_attention_mask, causal_attention_mask
+from .torch_functions import bidirectional_attention_mask, bidirectional_sliding_window_mask, causal_attention_mask
 
 MASK_BUILDER_KINDS = {
     "create_causal_mask": "causal",
@@ -66,7 +69,7 @@ def build_traced_mask(tracer, builder_name: str, kind: str, arguments: dict[str,
         for name in ("past_key_values", "or_mask_function", "and_mask_function", "block_sequence_ids")
         if arguments.get(name) is not None
     ]
-    if unsupported or kind in ("bidirectional_sliding", "chunked"):
+    if unsupported or kind == "chunked":
         what = ", ".join(unsupported) or f"{kind} attention"
         raise TraceError(
             f"{builder_name} with {what} is not supported by the fx tracer; use the export frontend (trace: export)"
@@ -82,6 +85,11 @@ def build_traced_mask(tracer, builder_name: str, kind: str, arguments: dict[str,
         )
     additive = implementation == "eager"
     embeds = arguments["inputs_embeds"]
+    if kind == "bidirectional_sliding":  # never skipped: the window masks even without padding
+        window = getattr(config, "sliding_window", None)
+        if window is None or arguments.get("encoder_hidden_states") is not None:
+            raise TraceError(f"{builder_name}: needs the config's sliding_window and no encoder states to be traced")
+        return tracer.create_proxy("call_function", bidirectional_sliding_window_mask, (embeds, mask, window, additive), {})
     if kind == "bidirectional":
         if mask is None:
             if arguments.get("allow_is_bidirectional_skip", True):

@@ -78,4 +78,32 @@ def causal_attention_mask(
     return torch.where(allowed, zero, torch.finfo(inputs_embeds.dtype).min)
 
 
-LEAF_FUNCTIONS = (bidirectional_attention_mask, causal_attention_mask)
+def bidirectional_sliding_window_mask(
+    inputs_embeds: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sliding_window: int,
+    additive: bool,
+) -> torch.Tensor:
+    """Bidirectional mask banded to a window, optionally padded (ModernBERT's local attention layers).
+
+    ``allowed[b, 0, q, k] = (|q - k| <= sliding_window) and attention_mask[b, k]``, as transformers'
+    ``sliding_window_bidirectional_overlay`` and the padding mask give it; ``kv_len`` is the padding
+    mask's length, or ``q_len`` when there is none.
+    """
+    batch = inputs_embeds.shape[0]
+    q_len = inputs_embeds.shape[1]
+    kv_len = attention_mask.shape[-1] if attention_mask is not None else q_len
+    device = inputs_embeds.device
+    q_idx = torch.arange(q_len, device=device)[:, None]
+    kv_idx = torch.arange(kv_len, device=device)[None, :]
+    allowed = ((q_idx - kv_idx).abs() <= sliding_window)[None, None, :, :]
+    if attention_mask is not None:
+        allowed = allowed & attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
+    allowed = allowed.expand(batch, 1, q_len, kv_len)
+    if not additive:
+        return allowed
+    zero = torch.zeros((), device=device, dtype=inputs_embeds.dtype)
+    return torch.where(allowed, zero, torch.finfo(inputs_embeds.dtype).min)
+
+
+LEAF_FUNCTIONS = (bidirectional_attention_mask, causal_attention_mask, bidirectional_sliding_window_mask)

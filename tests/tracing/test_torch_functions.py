@@ -10,7 +10,7 @@ import torch
 from transformers import masking_utils
 
 from aot.tracing import torch_functions
-from aot.tracing.torch_functions import LEAF_FUNCTIONS, bidirectional_attention_mask, causal_attention_mask
+from aot.tracing.torch_functions import LEAF_FUNCTIONS, bidirectional_attention_mask, bidirectional_sliding_window_mask, causal_attention_mask
 
 
 def _padding(batch, length):
@@ -48,6 +48,22 @@ def test_causal_mask_equals_transformers(batch, length, padded, window, additive
     assert torch.equal(causal_attention_mask(embeds, padding, window, additive), reference)
 
 
+@pytest.mark.parametrize("additive", [False, True])
+@pytest.mark.parametrize("window", [1, 3, 20])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("batch,length", [(2, 7), (1, 1), (3, 12)])
+def test_bidirectional_sliding_window_mask_equals_transformers(batch, length, padded, window, additive):
+    padding = _padding(batch, length) if padded else None
+    embeds = torch.randn(batch, length, 8)
+    reference = (masking_utils.eager_mask if additive else masking_utils.sdpa_mask)(
+        batch_size=batch, q_length=length, kv_length=length,
+        mask_function=masking_utils.sliding_window_bidirectional_mask_function(window),
+        attention_mask=None if padding is None else padding.bool(), allow_is_causal_skip=False,
+        allow_is_bidirectional_skip=False, dtype=embeds.dtype,
+    )
+    assert torch.equal(bidirectional_sliding_window_mask(embeds, padding, window, additive), reference)
+
+
 def test_leaf_functions_are_self_contained_torch_only_code():
     tree = ast.parse(inspect.getsource(torch_functions))
     imports = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
@@ -61,5 +77,6 @@ def test_leaf_functions_are_self_contained_torch_only_code():
         copied = namespace[function.__name__]
         embeds = torch.randn(2, 5, 4)
         mask = torch.ones(2, 5, dtype=torch.long)
-        args = (mask, embeds, embeds, True) if function is bidirectional_attention_mask else (embeds, mask, None, True)
+        window = 2 if function is bidirectional_sliding_window_mask else None
+        args = (mask, embeds, embeds, True) if function is bidirectional_attention_mask else (embeds, mask, window, True)
         assert torch.equal(copied(*args), function(*args))
