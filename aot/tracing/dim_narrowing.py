@@ -9,7 +9,18 @@ one size, with a message such as::
 When that size is an end of a range ``export_trace`` chose by default (not one
 the caller gave), the end moves in by one: here ``seq != 2`` at ``min = 2``
 gives ``min = 3``. The guard is solved with sympy (a torch dependency), for one
-input size read once; anything else is left to the caller's error.
+input size read once.
+
+When the model's code holds only on a narrower interval, ``torch.export`` says which in its
+suggested fixes::
+
+    Suggested fixes:
+      sequence = Dim('sequence', min=7, max=64)
+
+A suggestion of that plain form (no derived dim such as ``sequence = 10*_sequence``) that
+lies inside a default range becomes the range. Either way the trace report names the new
+range and why, so a graph that holds for fewer sizes than the defaults never does so
+silently. Anything else is left to the caller's error.
 """
 
 from __future__ import annotations
@@ -19,10 +30,39 @@ from collections.abc import Mapping
 
 _VIOLATION = re.compile(r"Not all values of (\w+) = [^\n]*?satisfy the generated guard (.+?) != (-?\d+)\.?\s*$", re.MULTILINE)
 _SIZE = re.compile(r"L\['[^']+'\]\.size\(\)\[\d+\]")
+_SUGGESTION = re.compile(r"^\s*(\w+) = Dim\('\1'(?:, min=(\d+))?(?:, max=(\d+|oo))?\)\s*$", re.MULTILINE)
 _COMPOUND = re.compile(r"!=|==|<|>|\band\b|\bor\b|\bnot\b|[A-Za-z_]{2,}")  # comparisons, logic, names other than s
 
 
 def narrowed_default_range(
+    message: str, ranges: Mapping[str, list[int | None]], given: Mapping[str, tuple[int | None, int | None]]
+) -> tuple[str, int, int | None, str] | None:
+    """``(dim, min, max, note)`` for the first default range a refusal narrows, or None."""
+    return _past_an_excluded_size(message, ranges, given) or _as_suggested(message, ranges, given)
+
+
+def _as_suggested(
+    message: str, ranges: Mapping[str, list[int | None]], given: Mapping[str, tuple[int | None, int | None]]
+) -> tuple[str, int, int | None, str] | None:
+    """The range torch.export suggests for a default one, when it lies inside it."""
+    if "Suggested fixes:" not in message:
+        return None
+    for match in _SUGGESTION.finditer(message.split("Suggested fixes:", 1)[1]):
+        name, low_text, high_text = match.groups()
+        if name not in ranges or any(bound is not None for bound in given.get(name, (None, None))):
+            continue
+        low, high = ranges[name]
+        new_low = int(low_text) if low_text else low
+        new_high = int(high_text) if high_text and high_text != "oo" else high
+        inside = new_low >= low and (high is None or (new_high is not None and new_high <= high))
+        if inside and (new_low, new_high) != (low, high) and (new_high is None or new_low <= new_high):
+            upper = "no maximum" if new_high is None else f"max {new_high}"
+            note = f"dynamic dim '{name}' narrowed to min {new_low}, {upper}, as torch.export suggests: the model's code holds only there"
+            return name, new_low, new_high, note
+    return None
+
+
+def _past_an_excluded_size(
     message: str, ranges: Mapping[str, list[int | None]], given: Mapping[str, tuple[int | None, int | None]]
 ) -> tuple[str, int, int | None, str] | None:
     """``(dim, min, max, note)`` after moving a default range's end past the excluded size, or None."""

@@ -52,13 +52,31 @@ _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_source_posi
 
 
 def max_positions(model: torch.nn.Module) -> int | None:
-    """The model's position limit, from its config (``max_position_embeddings`` and kin); None if it names none."""
-    config = getattr(model, "config", None)
+    """The model's position limit (``max_position_embeddings`` and kin); None if its configs name none.
+
+    The smallest over the config and its sub-configs: a dual encoder (CLIP, SigLIP) keeps its
+    text tower's limit in ``text_config``, and a token input reaches the tower with the smallest.
+    """
+    limits = [limit for config in _configs(getattr(model, "config", None)) if (limit := _position_limit(config)) is not None]
+    return min(limits) if limits else None
+
+
+def _position_limit(config: Any) -> int | None:
     for key in _MAX_POSITION_KEYS:
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 2:
             return value
     return None
+
+
+def _configs(config: Any) -> list[Any]:
+    """``config`` and its sub-configs (``text_config``, ``vision_config``, ...), depth first."""
+    if config is None:
+        return []
+    found = [config]
+    for key in getattr(config, "sub_configs", None) or {}:
+        found += _configs(getattr(config, key, None))
+    return found
 
 
 INFERRED = "inferred"  # a dim_ranges value: torch.export works the size out from the other dims

@@ -67,3 +67,45 @@ def test_models_excluding_an_end_of_the_default_range_export_and_match_eager(mak
 def test_a_range_the_caller_gave_is_not_narrowed():
     with pytest.raises(TraceError, match=r"Constraints violated \(seq\)"):
         export_trace(_mobilebert(), unpadded_token_inputs(2, 16), dynamic_dims=EXPORT_DIMS, dim_ranges={"seq": (2, 64)})
+
+
+MISTRAL_QA_REFUSAL = (
+    "Constraints violated (seq)! For more information, run with TORCH_LOGS=\"+dynamic\".\n"
+    "  - Not all values of seq = L['input_ids'].size()[1] in the specified range seq <= 64 satisfy the generated guard "
+    "(8*L['input_ids'].size()[1]) != 48.\n"
+    "  - Not all values of seq = L['input_ids'].size()[1] in the specified range seq <= 64 satisfy the generated guard "
+    "6 <= L['input_ids'].size()[1] and L['input_ids'].size()[1] <= 64\n"
+    "Suggested fixes:\n"
+    "  seq = Dim('seq', min=6, max=64)\n"
+)
+
+
+def test_a_range_torch_export_suggests_inside_a_default_one_is_taken_and_named():
+    ranges = {"batch": [1, None], "seq": [2, 64]}
+    name, low, high, note = narrowed_default_range(MISTRAL_QA_REFUSAL, ranges, {})
+    assert (name, low, high) == ("seq", 6, 64) and "as torch.export suggests" in note
+    assert narrowed_default_range(MISTRAL_QA_REFUSAL, ranges, {"seq": (2, 64)}) is None, "a range the caller gave stays"
+    wider = MISTRAL_QA_REFUSAL.replace("max=64)", "max=128)")
+    assert narrowed_default_range(wider, ranges, {}) is None, "a suggestion outside the default range is not taken"
+    derived = "Suggested fixes:\n  _seq = Dim('_seq', min=3, max=oo)\n  seq = 10*_seq\n"
+    assert narrowed_default_range(derived, {"seq": [2, None]}, {}) is None, "a derived dim is no range"
+
+
+def test_a_sliding_window_head_exports_on_the_range_its_code_holds_and_says_so():
+    config = transformers.MistralConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, max_position_embeddings=64, sliding_window=7, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.MistralForQuestionAnswering(config).eval()
+
+    graph_module = export_trace(model, unpadded_token_inputs(2, 16), EXPORT_DIMS)
+
+    report = graph_module.meta["trace_report"]
+    assert report["dim_ranges"]["seq"] == [7, 64]
+    assert any("as torch.export suggests" in note for note in report["notes"]), report["notes"]
+    for batch, sequence in [(1, 7), (3, 23), (2, 64)]:
+        inputs = unpadded_token_inputs(batch, sequence)
+        expected = eager_outputs(model, inputs)
+        with torch.no_grad():
+            actual = flatten_outputs(graph_module(**inputs))
+        for key, value in expected.items():
+            torch.testing.assert_close(actual[key], value, atol=1e-5, rtol=1e-5)

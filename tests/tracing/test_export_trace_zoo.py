@@ -59,3 +59,26 @@ def test_export_trace_uses_dim_names_and_ranges():
     report = gm.meta["trace_report"]
     assert report["dim_ranges"] == {"batch": [1, 64], "seq": [4, 32]} or report["dim_ranges"]["seq"] == [4, 32]
     assert report["dynamic_dims"]["input_ids"] == {"0": "batch", "1": "seq"}
+
+
+def test_a_dual_encoder_takes_its_text_towers_position_limit_as_the_sequence_range():
+    import transformers
+
+    text = {"vocab_size": 99, "hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "max_position_embeddings": 24}
+    vision = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 32, "patch_size": 8}
+    config = transformers.SiglipConfig(text_config=text, vision_config=vision)
+    assert getattr(config, "max_position_embeddings", None) is None, "precondition: the limit lives in text_config only"
+    torch.manual_seed(0)
+    model = transformers.SiglipModel(config).eval()
+
+    def inputs(batch, sequence):
+        generator = torch.Generator().manual_seed(batch * 100 + sequence)
+        return {"input_ids": torch.randint(0, 99, (batch, sequence), generator=generator),
+                "pixel_values": torch.randn(batch, 3, 32, 32, generator=generator)}
+
+    dims = {"input_ids": {0: "batch", 1: "seq"}, "pixel_values": {0: "batch"}}
+    graph_module = export_trace(model, inputs(2, 16), dims)
+
+    assert graph_module.meta["trace_report"]["dim_ranges"]["seq"] == [2, 24]
+    assert_matches_eager(model, graph_module, [lambda: inputs(1, 5), lambda: inputs(3, 24)])
