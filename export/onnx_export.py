@@ -34,6 +34,7 @@ from aot.quiet import quiet_torch
 from aot.tracing.export_trace import INFERRED, export_dim
 from aot.tracing.source_location import raised_at
 
+from .contiguous_copies import with_explicit_copies
 from .onnx_files import step_errors, write_checked
 from .onnx_float16 import convert_to_float16
 from .onnx_int8 import lower_int8_linears
@@ -104,7 +105,7 @@ def write_onnx(
     inputs = _ordered_inputs(gm, example_inputs)
     output_names = output_names or _output_names(gm, inputs)
     dynamic_shapes = _dynamic_shapes(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
-    gm, translations = lower_int8_linears(gm)
+    gm, translations = lower_int8_linears(with_explicit_copies(gm))
     program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations)
     produced_opset = program.model.opset_imports.get("", None)
     if produced_opset != opset:
