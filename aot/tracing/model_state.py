@@ -76,16 +76,24 @@ def preserved_model_state(model: torch.nn.Module) -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def config_use_cache_off(model: torch.nn.Module) -> Iterator[bool]:
-    """``model.config.use_cache`` False inside, so that a decoder builds no KV cache object; yields whether it was on."""
-    config = getattr(model, "config", None)
-    if not getattr(config, "use_cache", False):
+    """``use_cache`` False inside, so that no decoder builds a KV cache object; yields whether the model's was on.
+
+    Every config reachable from a module: an encoder-decoder's decoder stack (T5's) holds a copy of
+    the config of its own, and builds an ``EncoderDecoderCache`` from it whatever the model's says.
+    """
+    configs = {id(config): config for module in model.modules() if (config := getattr(module, "config", None)) is not None}
+    caching = [config for config in configs.values() if getattr(config, "use_cache", False) is True]
+    top = getattr(model, "config", None)
+    if not getattr(top, "use_cache", False):
         yield False
         return
-    config.use_cache = False
+    for config in caching:
+        config.use_cache = False
     try:
         yield True
     finally:
-        config.use_cache = True
+        for config in caching:
+            config.use_cache = True
 
 
 TRACEABLE_EXPERTS = "batched_mm"

@@ -28,3 +28,24 @@ def test_a_decoder_whose_config_asks_for_a_cache_exports_and_matches_eager():
             expected, got = flatten_outputs(model(**inputs, use_cache=False)), flatten_outputs(graph_module(**inputs))
         assert list(got) == ["last_hidden_state"]
         torch.testing.assert_close(got["last_hidden_state"], expected["last_hidden_state"])
+
+
+def test_an_encoder_decoder_whose_decoder_stack_keeps_its_own_config_exports_and_matches_eager():
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)
+    model = transformers.T5Model(config).eval()
+    assert model.decoder.config is not model.config and model.decoder.config.use_cache, "precondition: the decoder's own config asks for a cache"
+
+    def inputs(batch, sequence):
+        return {**unpadded_token_inputs(batch, sequence), "decoder_input_ids": unpadded_token_inputs(batch, max(sequence - 3, 1))["input_ids"]}
+
+    dims = {**EXPORT_DIMS, "decoder_input_ids": {0: "batch", 1: "decoder_seq"}}
+    graph_module = export_trace(model, inputs(2, 16), dynamic_dims=dims)
+
+    assert model.config.use_cache and model.decoder.config.use_cache, "every config is as it was"
+    for batch, sequence in ((1, 5), (3, 12)):
+        case = inputs(batch, sequence)
+        with torch.no_grad():
+            expected, got = flatten_outputs(model(**case, use_cache=False)), flatten_outputs(graph_module(**case))
+        assert "last_hidden_state" in got and not any("past_key_values" in name for name in got), list(got)
+        torch.testing.assert_close(got["last_hidden_state"], expected["last_hidden_state"])
