@@ -148,3 +148,27 @@ def test_a_head_that_passes_kwargs_to_its_decoder_traces_without_a_cache():
     inputs = make_dummy_inputs(model, ["input_ids", "attention_mask"], batch=3, sequence=9)
     with torch.no_grad():
         assert torch.allclose(gm(**inputs)["start_logits"], model(**inputs).start_logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls,config_class", [(transformers.BartForSequenceClassification, transformers.BartConfig),
+                                              (transformers.MBartForSequenceClassification, transformers.MBartConfig)])
+def test_an_encoder_decoder_classifier_gets_one_eos_per_row_and_no_decoder_inputs_and_exports(cls, config_class):
+    from aot.tracing import export_trace
+    from aot.tracing.dummy_inputs import default_input_names
+
+    config = config_class(vocab_size=99, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64, num_labels=3)
+    model = _model(cls, config)
+    names = default_input_names(model)
+    assert names == ["input_ids", "attention_mask"], "the head shifts input_ids into its decoder inputs itself"
+    inputs = make_dummy_inputs(model, names, batch=2, sequence=16)
+    eos = inputs["input_ids"] == config.eos_token_id
+    assert eos.sum(1).tolist() == [1, 1] and eos[:, -1].all(), "one EOS per row, at its end"
+
+    dims = {name: {0: "batch", 1: "sequence"} for name in names}
+    graph_module = export_trace(model, inputs, dims)
+
+    for batch, sequence in SHAPES:
+        case = make_dummy_inputs(model, names, batch=max(batch, 2), sequence=sequence)
+        with torch.no_grad():
+            torch.testing.assert_close(graph_module(**case)["logits"], model(**case).logits)
