@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aot.errors import first_line
 from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
 from aot.tracing.dummy_inputs import forward_parameters
 from aot.recipe_ranges import POSITION_LIMIT_KEYS, check_position_limit
@@ -113,7 +114,3 @@ def _concrete_class(model_class: type, config: Any) -> type | None:
     except (KeyError, ValueError, AttributeError):
         return None  # left to the build, which says which configs the Auto class takes
 
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from aot.errors import AotError
-from aot.model_blueprint import Blueprint, first_line, model_blueprint
+from aot.errors import AotError, first_line
+from aot.model_blueprint import Blueprint, model_blueprint
 from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
 from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.validate use it from here
 

@@ -33,7 +33,7 @@ _SMALLEST_EXPORTABLE_WINDOW = 3  # a window of 2 or less keeps 0 or 1 past token
 
 def trace_sizes(decoder: FlatCacheDecoder) -> dict[str, int]:
     """``batch``, ``sequence`` and ``seen`` (past tokens) for the example inputs; see the module docstring."""
-    windows = [window for window in decoder.windows if window is not None]
+    windows = decoder.sliding_windows
     too_small = [window for window in windows if window < _SMALLEST_EXPORTABLE_WINDOW]
     if too_small:
         raise ValueError(f"sliding window {too_small[0]} is too small to export with a dynamic past (at least {_SMALLEST_EXPORTABLE_WINDOW})")
@@ -77,7 +77,7 @@ def dynamic_axes(decoder: FlatCacheDecoder) -> dict[str, dict[int, str]]:
 
 def _export_dims(decoder: FlatCacheDecoder) -> dict[str, Any]:
     """One ``torch.export.Dim`` per dimension name, bounded to admit a prefill (past 0) and a decode step (sequence 1)."""
-    windows = [window for window in decoder.windows if window is not None]
+    windows = decoder.sliding_windows
     dims: dict[str, Any] = {
         BATCH: torch.export.Dim(BATCH, min=1),
         SEQUENCE: torch.export.Dim(SEQUENCE, min=1),

@@ -61,6 +61,11 @@ class FlatCacheDecoder(torch.nn.Module):
     def num_layers(self) -> int:
         return len(self.windows)
 
+    @property
+    def sliding_windows(self) -> list[int]:
+        """The windows of the sliding-window layers, in layer order (empty for a model with none)."""
+        return [window for window in self.windows if window is not None]
+
     def input_names(self) -> list[str]:
         """Names of ``forward``'s positional inputs, in order."""
         return input_names(self.num_layers, self.takes_position_ids)

@@ -68,7 +68,7 @@ class DecoderStep(torch.nn.Module):
         from aot.tracing.export_trace import INFERRED, max_positions
 
         positions = max_positions(self)  # from self.config, as for any model
-        windows = [window for window in self.decoder.windows if window is not None]
+        windows = self.decoder.sliding_windows
         ranges = {BATCH: (1, None), SEQUENCE: (1, positions), TOTAL_SEQUENCE: INFERRED, PAST_SEQUENCE: (0, positions)}
         if windows:
             ranges[PAST_WINDOW_SEQUENCE] = (0, max(windows) - 1)
@@ -77,7 +77,7 @@ class DecoderStep(torch.nn.Module):
     def check_sizes(self) -> list[dict[str, int]]:
         """The step's shape cases: the trace's, a prefill, and a decode step whose past reaches past every window."""
         traced = trace_sizes(self.decoder)
-        windows = [window for window in self.decoder.windows if window is not None]
+        windows = self.decoder.sliding_windows
         decode = {"batch": 3, "sequence": 1, "seen": max(windows + [traced["seen"]]) + 3}
         return [traced, dict(_CHECK_PREFILL), decode]
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from aot.errors import TraceError
+from aot.errors import TraceError, first_line
 from aot.quiet import quiet_torch
 
 from .dim_narrowing import narrowed_default_range
@@ -199,11 +199,10 @@ def export_trace(
                     given[name] = (low, high)
                     notes.append(note)
         except Exception as error:  # torch.export raises many types; report one line
-            first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
             location = raised_at(error)
             where = f" at {location}" if location is not None else ""
             raise TraceError(
-                f"torch.export failed on {type(model).__name__}{where}: {type(error).__name__}: {first_line[:400]}"
+                f"torch.export failed on {type(model).__name__}{where}: {type(error).__name__}: {first_line(error)[:400]}"
             ) from error
     gm = program.module()
     root_scope = Scope("", qualified_type_name(model))

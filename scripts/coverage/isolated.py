@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from aot.errors import first_line
+
 _FORK = multiprocessing.get_context("fork")
 
 
@@ -31,9 +33,7 @@ class Outcome:
 
 def one_line(error: BaseException) -> str:
     """``Type: first line of the message``, at most 300 characters."""
-    text = str(error).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return f"{type(error).__name__}: {first}"[:300] if first else type(error).__name__
+    return f"{type(error).__name__}: {first_line(error)}"[:300] if str(error).strip() else type(error).__name__
 
 
 def _child(connection, function: Callable[..., None], args: tuple) -> None:
