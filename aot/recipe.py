@@ -99,9 +99,6 @@ def _check_generation(loaded: LoadedRecipe) -> None:
     if recipe.validate_.shapes:
         raise loaded.error(("validate", "shapes"), "generation.cache checks its own step shapes (a prefill, a decode "
                            "step past the window) and generations: leave validate.shapes out")
-    if recipe.trace.frontend != "export":
-        raise loaded.error(("trace", "frontend"), "generation.cache needs `frontend: export` (the fx frontend does "
-                           "not trace transformers' cache objects)")
 
 
 def passes_changing_computation(loaded: LoadedRecipe) -> list[tuple[Location, PassSpec]]:

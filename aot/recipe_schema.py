@@ -317,7 +317,7 @@ class GenerationSpec(_Strict):
         description="Build the decoder-with-past step (Optimum's convention): inputs input_ids, attention_mask, "
         "position_ids (where the model takes it), past_key_values.{i}.key/value; outputs logits, present.{i}.key/value. "
         "One model serves the prefill (a past of length 0) and every decode step. The inputs come from the model: "
-        "`inputs` must be left out. Needs `trace.frontend: export`.",
+        "`inputs` must be left out. Either frontend traces it.",
     )
     logits: Literal["all", "last"] = Field(
         "all",

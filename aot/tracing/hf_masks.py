@@ -14,6 +14,10 @@ and records the rest as a single call to a pure-torch leaf from
     create_causal_mask(config, inputs_embeds=e, attention_mask=None), sdpa
         -> None                                                  # SDPA's is_causal, as eager does
 
+    create_causal_mask(config, inputs_embeds=e, attention_mask=m, past_key_values=cache)
+        -> cached_causal_attention_mask(e, m, query_offset, key_offset, key_length, window, additive)
+                                                                 # offsets and lengths from the cache layer
+
     create_bidirectional_sliding_window_mask(config, inputs_embeds=e, attention_mask=m)
         -> bidirectional_sliding_window_mask(e, m, config.sliding_window, additive)
 
@@ -32,7 +36,7 @@ import torch.fx
 
 from aot.errors import TraceError
 
-from .torch_functions import bidirectional_attention_mask, bidirectional_sliding_window_mask, causal_attention_mask
+from .torch_functions import bidirectional_attention_mask, bidirectional_sliding_window_mask, cached_causal_attention_mask, causal_attention_mask
 
 MASK_BUILDER_KINDS = {
     "create_causal_mask": "causal",
@@ -64,9 +68,12 @@ def build_traced_mask(tracer, builder_name: str, kind: str, arguments: dict[str,
     config = arguments["config"]
     if kind in ("causal", "sliding") and not getattr(config, "is_causal", True):
         kind = "bidirectional" if kind == "causal" else "bidirectional_sliding"
+    cache = arguments.get("past_key_values")
+    if cache is not None and kind not in ("causal", "sliding"):
+        raise TraceError(f"{builder_name} with past_key_values is not supported by the fx tracer; use the export frontend (trace: export)")
     unsupported = [
         name
-        for name in ("past_key_values", "or_mask_function", "and_mask_function", "block_sequence_ids")
+        for name in ("or_mask_function", "and_mask_function", "block_sequence_ids")
         if arguments.get(name) is not None
     ]
     if unsupported or kind == "chunked":
@@ -103,8 +110,29 @@ def build_traced_mask(tracer, builder_name: str, kind: str, arguments: dict[str,
         window = getattr(config, "sliding_window", None)
         if window is None:
             raise TraceError(f"{builder_name}: the config has no sliding_window")
+    if cache is not None:
+        return _cached_mask(tracer, kind, arguments, cache, window, additive)
     if mask is None and implementation == "sdpa" and window is None and arguments.get("allow_is_causal_skip", True):
         return None  # eager skips it too and SDPA runs with is_causal
     if mask is None and arguments.get("position_ids") is not None:
         tracer.note("position_ids are assumed to hold one sequence per row (packed sequences are not detected)")
     return tracer.create_proxy("call_function", causal_attention_mask, (embeds, mask, window, additive), {})
+
+
+def _cached_mask(tracer, kind: str, arguments: dict[str, Any], cache, window: int | None, additive: bool) -> Any:
+    """A step on a KV cache: the cache layer says where its keys and the queries sit, as transformers asks it."""
+    from transformers.masking_utils import find_first_full_attention_index
+
+    layer_idx = arguments.get("layer_idx")
+    if layer_idx is None and kind == "sliding":  # the first sliding layer, as create_sliding_window_causal_mask picks it
+        sliding = list(getattr(cache, "is_sliding", ()))
+        layer_idx = sliding.index(True) if True in sliding else 0
+    elif layer_idx is None:
+        layer_idx = find_first_full_attention_index(cache)
+    embeds = arguments["inputs_embeds"]
+    query_offset = cache.get_query_offset(layer_idx)
+    key_length, key_offset = cache.get_mask_sizes(embeds.shape[1], layer_idx)
+    mask = arguments.get("attention_mask")
+    return tracer.create_proxy(
+        "call_function", cached_causal_attention_mask, (embeds, mask, query_offset, key_offset, key_length, window, additive), {}
+    )

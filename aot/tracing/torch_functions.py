@@ -106,4 +106,43 @@ def bidirectional_sliding_window_mask(
     return torch.where(allowed, zero, torch.finfo(inputs_embeds.dtype).min)
 
 
-LEAF_FUNCTIONS = (bidirectional_attention_mask, causal_attention_mask, bidirectional_sliding_window_mask)
+def cached_causal_attention_mask(
+    inputs_embeds: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    query_offset: int,
+    key_offset: int,
+    key_length: int,
+    sliding_window: int | None,
+    additive: bool,
+) -> torch.Tensor:
+    """Causal mask of a step that attends a KV cache: queries and keys at their positions in the sequence.
+
+    Query ``i`` is token ``query_offset + i``, key ``j`` token ``key_offset + j`` (a sliding-window
+    cache holds only the last tokens, so its first key is not token 0)::
+
+        allowed[b, 0, i, j] = (key <= query) and (key > query - sliding_window if sliding_window)
+                              and attention_mask[b, key]
+
+    ``attention_mask`` is ``(batch, tokens seen + this step's)``, 0 on padding, as transformers'
+    mask functions read it (``padding_mask[batch, kv_idx]``).
+    """
+    batch = inputs_embeds.shape[0]
+    q_len = inputs_embeds.shape[1]
+    device = inputs_embeds.device
+    query = torch.arange(q_len, device=device)[:, None] + query_offset
+    key = torch.arange(key_length, device=device)[None, :] + key_offset
+    allowed = key <= query
+    if sliding_window is not None:
+        allowed = allowed & (key > query - sliding_window)
+    allowed = allowed[None, None, :, :]
+    if attention_mask is not None:
+        padding = attention_mask.to(device=device, dtype=torch.bool).index_select(1, key[0])
+        allowed = allowed & padding[:, None, None, :]
+    allowed = allowed.expand(batch, 1, q_len, key_length)
+    if not additive:
+        return allowed
+    zero = torch.zeros((), device=device, dtype=inputs_embeds.dtype)
+    return torch.where(allowed, zero, torch.finfo(inputs_embeds.dtype).min)
+
+
+LEAF_FUNCTIONS = (bidirectional_attention_mask, causal_attention_mask, bidirectional_sliding_window_mask, cached_causal_attention_mask)

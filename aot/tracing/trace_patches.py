@@ -1,8 +1,10 @@
 """What the tracer swaps in the outside world while it runs, always put back.
 
 - torch tensor constructors (``torch.arange(seq_len)`` with a traced length,
-  ``torch.zeros(..., dtype=x.dtype)``) and ``torch.finfo`` / ``torch.iinfo`` of
-  a traced dtype become graph nodes instead of baking the example's value;
+  ``torch.zeros(..., dtype=x.dtype)``), ``torch.finfo`` / ``torch.iinfo`` of
+  a traced dtype and ``torch.sym_min`` / ``sym_max`` of traced sizes (a sliding-window
+  cache keeps ``min(seen, window - 1)`` tokens) become graph nodes instead of baking the
+  example's value;
 - the mask builders of ``transformers.masking_utils``, wherever a loaded
   transformers module imported them, become the stand-ins of ``hf_masks``.
 """
@@ -22,7 +24,7 @@ from .hf_masks import MASK_BUILDER_KINDS, traced_mask_builder
 
 PROXY_AWARE_TORCH_FUNCTIONS = (
     "arange", "zeros", "ones", "full", "empty", "eye", "linspace", "tensor", "as_tensor",
-    "rand", "randn", "randint", "finfo", "iinfo",
+    "rand", "randn", "randint", "finfo", "iinfo", "sym_min", "sym_max",
 )
 
 

@@ -160,7 +160,6 @@ def _recipe_path_for_check(cache={}):  # noqa: B006 (one tiny recipe file per se
     ("extra", "frontend", "message"),
     [
         ("inputs: {tensors: [{name: input_ids, shape: [2, 3]}]}\n", "export", "inputs: generation.cache makes the step's inputs"),
-        ("", "fx", "trace.frontend: generation.cache needs `frontend: export`"),
     ],
 )
 def test_recipe_errors_name_the_key(tmp_path, extra, frontend, message):
@@ -207,13 +206,14 @@ _FAMILIES = {  # (class, config, attention): the decoder families the issue name
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("frontend", ["export", "fx"])
 @pytest.mark.parametrize("family", list(_FAMILIES))
-def test_decoder_family_builds_and_generates_eagers_tokens(tmp_path, family):
+def test_decoder_family_builds_and_generates_eagers_tokens(tmp_path, family, frontend):
     model_class, config, attention = _FAMILIES[family]
     recipe = tmp_path / f"{family}.yaml"
     recipe.write_text(
         f"model: {{config: {config}, class: {model_class}, attn_implementation: {attention}}}\n"
-        "trace: {frontend: export}\ngeneration: {cache: true, new_tokens: 16, prompt_lengths: [5, 11]}\n"
+        f"trace: {{frontend: {frontend}}}\ngeneration: {{cache: true, new_tokens: 16, prompt_lengths: [5, 11]}}\n"
     )
     step = load_model(load_recipe(recipe))
     prompt = prompts([11], step.config.vocab_size, seed=0)[0]

@@ -10,7 +10,13 @@ import torch
 from transformers import masking_utils
 
 from aot.tracing import torch_functions
-from aot.tracing.torch_functions import LEAF_FUNCTIONS, bidirectional_attention_mask, bidirectional_sliding_window_mask, causal_attention_mask
+from aot.tracing.torch_functions import (
+    LEAF_FUNCTIONS,
+    bidirectional_attention_mask,
+    bidirectional_sliding_window_mask,
+    cached_causal_attention_mask,
+    causal_attention_mask,
+)
 
 
 def _padding(batch, length):
@@ -64,6 +70,23 @@ def test_bidirectional_sliding_window_mask_equals_transformers(batch, length, pa
     assert torch.equal(bidirectional_sliding_window_mask(embeds, padding, window, additive), reference)
 
 
+@pytest.mark.parametrize("additive", [False, True])
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("q_len,q_offset,kv_len,kv_offset", [(5, 0, 5, 0), (1, 9, 10, 0), (1, 9, 4, 6), (3, 6, 6, 3), (2, 0, 2, 0)])
+def test_cached_causal_mask_equals_transformers_with_offsets(q_len, q_offset, kv_len, kv_offset, window, additive):
+    """Queries at q_offset.., keys at kv_offset.. (a sliding cache drops its first tokens), padding over every token seen."""
+    batch, seen = 2, q_offset + q_len
+    padding = torch.ones(batch, seen, dtype=torch.long)
+    padding[1, :2] = 0  # the second row is left padded
+    embeds = torch.randn(batch, q_len, 8)
+    function = masking_utils.causal_mask_function if window is None else masking_utils.sliding_window_causal_mask_function(window)
+    reference = (masking_utils.eager_mask if additive else masking_utils.sdpa_mask)(
+        batch_size=batch, q_length=q_len, kv_length=kv_len, q_offset=q_offset, kv_offset=kv_offset, mask_function=function,
+        attention_mask=padding.bool(), allow_is_causal_skip=False, dtype=embeds.dtype,
+    )
+    assert torch.equal(cached_causal_attention_mask(embeds, padding, q_offset, kv_offset, kv_len, window, additive), reference)
+
+
 def test_leaf_functions_are_self_contained_torch_only_code():
     tree = ast.parse(inspect.getsource(torch_functions))
     imports = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
@@ -79,4 +102,6 @@ def test_leaf_functions_are_self_contained_torch_only_code():
         mask = torch.ones(2, 5, dtype=torch.long)
         window = 2 if function is bidirectional_sliding_window_mask else None
         args = (mask, embeds, embeds, True) if function is bidirectional_attention_mask else (embeds, mask, window, True)
+        if function is cached_causal_attention_mask:
+            args = (embeds, mask, 0, 0, 5, None, True)
         assert torch.equal(copied(*args), function(*args))
