@@ -16,6 +16,9 @@ Parameters (shared, not copied), so the state dict keeps its keys and plain
 tensors. A linear with no fusable activation after it becomes a
 ``OneDNNLinear`` with ``activation="none"``.
 
+transformers' ``Conv1D`` (GPT-2's layers, a leaf of the ``fx`` frontend) computes ``x W + b``
+with ``W`` of shape (in, out); it becomes a ``OneDNNLinear`` holding ``W^T`` under the same key.
+
 Matches (``export`` frontend, ATen graphs)::
 
     w = self.lm_head.weight                  # get_attr of a Parameter (32000, 512); lm_head holds it alone
@@ -71,7 +74,7 @@ from torch.fx import GraphModule, Node
 
 from aot.runtime.onednn_linear import OneDNNLinear
 
-from ._aten_linear_layers import aten_call_sites, aten_linear_instead, call_holder_instead, held_layer, infer_reads, restored_holder
+from ._aten_linear_layers import HeldLayer, aten_call_sites, aten_linear_instead, call_holder_instead, held_layer, infer_reads, restored_holder
 from ._layers import call_sites
 from ._modules import delete_if_unreferenced, set_submodule
 from ._nodes import called_on_one_input, inherit_provenance
@@ -81,6 +84,7 @@ from .rule import Match, RewriteRule
 
 _F = nn.functional
 _aten = torch.ops.aten
+_CONV1D = "transformers.pytorch_utils.Conv1D"  # GPT-2's transposed linear, a leaf of the fx frontend
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # activation -> how reverse writes it back: (function, keyword arguments)
 _FUNCTIONAL_FORM = {
@@ -107,6 +111,7 @@ class _Layer:
     target: str
     nodes: list[Node]
     aten: bool = False
+    conv1d: bool = False  # fx: a transformers Conv1D leaf, whose weight is (in, out)
 
 
 @register_pass("prepack_linear_weights")
@@ -131,6 +136,8 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
         miss of the pattern "linear, then its activation", noted.
         """
         layers = [_Layer(target, nodes) for target, nodes in call_sites(graph_module, nn.Linear).items()]
+        layers += [_Layer(target, nodes, conv1d=True) for target, nodes in call_sites(graph_module, nn.Module).items()
+                   if _qualified_name(type(graph_module.get_submodule(target))) == _CONV1D]
         layers += [_Layer(target, nodes, aten=True) for target, nodes in aten_call_sites(graph_module).items()]
         for layer in layers:
             nodes = layer.nodes
@@ -148,7 +155,7 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
             weight, bias = held.value.weight, held.value.bias
         else:
             module = graph_module.get_submodule(layer.target)
-            if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+            if (type(module) is not nn.Linear and not layer.conv1d) or module._forward_hooks or module._forward_pre_hooks:
                 return Match.fail(f"{where}: the layer is a subclass of nn.Linear or has hooks")
             if not all(called_on_one_input(node) for node in layer.nodes):
                 return Match.fail(f"{where}: unexpected call arguments at one of the layer's call sites")
@@ -170,6 +177,11 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
             held = held_layer(graph_module, target, layer.nodes).value
             packed, transposed = OneDNNLinear.from_linear(held, activation, self.options.batch_size_hint), held.transposed
             nodes = [call_holder_instead(graph_module, node, target) for node in layer.nodes]
+        elif layer.conv1d:  # x W + b with W (in, out): the linear layer of W^T, copied once into that layout
+            module = graph_module.get_submodule(target)
+            weight = nn.Parameter(module.weight.detach().t().contiguous(), requires_grad=module.weight.requires_grad)
+            packed, transposed = OneDNNLinear.from_linear(HeldLayer(weight, module.bias, True), activation, self.options.batch_size_hint), True
+            nodes = layer.nodes
         else:
             packed = OneDNNLinear.from_linear(graph_module.get_submodule(target), activation, self.options.batch_size_hint)
             nodes = layer.nodes
@@ -208,7 +220,8 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
             if aten:
                 node = aten_linear_instead(graph_module, node, layer, transposed)
             if isinstance(layer, OneDNNLinear):  # a layer called at several sites is put back once
-                set_submodule(graph_module, target, restored_holder(layer, transposed) if aten else _linear_sharing(layer))
+                restored = restored_holder(layer, transposed) if aten else _conv1d_of(layer) if transposed else _linear_sharing(layer)
+                set_submodule(graph_module, target, restored)
             if aten:
                 infer_reads(graph_module, node)
             if activation != "none":
@@ -279,3 +292,17 @@ def _linear_sharing(packed: OneDNNLinear) -> nn.Linear:
     layer.bias = packed.bias
     return layer
 
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _conv1d_of(packed: OneDNNLinear) -> nn.Module:
+    """transformers' Conv1D again, its weight transposed back to (in, out), its bias shared."""
+    from transformers.pytorch_utils import Conv1D
+
+    layer = Conv1D(packed.out_features, packed.in_features)
+    layer.weight = nn.Parameter(packed.weight.detach().t().contiguous(), requires_grad=packed.weight.requires_grad)
+    layer.bias = packed.bias
+    return layer

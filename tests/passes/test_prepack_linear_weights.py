@@ -261,3 +261,25 @@ def test_an_aten_weight_whose_module_holds_more_is_left_alone_with_a_note():
     assert not result.modified and result.matched == 1 and result.changed == 0
     assert count_calls(graph_module, _aten.linear.default) == 1
     assert any("holds ['scale', 'weight']" in note for note in result.notes), result.notes
+
+
+def test_gpt2_conv1d_leaves_on_fx_become_onednn_linears_and_come_back():
+    from aot.tracing import symbolic_trace
+
+    torch.manual_seed(0)
+    model = AtenLayers().eval()
+    example = torch.randn(2, 5, 8)
+    graph_module = symbolic_trace(model, input_names=["x"], dummy_inputs={"x": example})
+    assert call_targets(graph_module)["Conv1D"] == 2, "precondition: Conv1D is an fx leaf"
+    transformation = PrepackLinearWeights()
+
+    result = transformation.apply(graph_module)
+
+    assert result.changed == 6 and call_targets(graph_module)["Conv1D"] == 0
+    assert torch.equal(graph_module.conv1d.weight, model.conv1d.weight.t())
+    assert_matches_eager(model, graph_module, shape_sets(torch.randn, [(2, 5, 8), (1, 1, 8), (3, 17, 8)]), atol=1e-5, rtol=1e-5)
+
+    transformation.apply(graph_module, reverse=True)
+
+    assert call_targets(graph_module)["Conv1D"] == 2 and torch.equal(graph_module.conv1d.weight, model.conv1d.weight)
+    assert_matches_eager(model, graph_module, shape_sets(torch.randn, [(2, 5, 8), (3, 17, 8)]), atol=1e-5, rtol=1e-5)
