@@ -6,6 +6,8 @@ function, with its weights rewritten to match:
 
 - ``Conv1D(nf, nx)`` computes ``x @ W + b`` with ``W`` of shape ``(nx, nf)``;
   ``torch.nn.Linear(nx, nf)`` computes ``x @ W'.T + b``, so ``W' = W.T``.
+- a module of ``torch.nn.utils.parametrize`` (``weight_norm``) is its plain class holding the
+  weight the parametrization computes;
 - ``GELUActivation`` is ``gelu(x)`` (the erf form, in C or in Python),
   ``GELUTanh`` / ``NewGELUActivation`` the tanh form
   ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``,
@@ -76,7 +78,39 @@ def leaf_replacement(module: torch.nn.Module) -> LeafReplacement | None:
     build = _MODULE_REPLACEMENTS.get(_qualified_name(type(module)))
     if build:
         return build(module)
-    return _rms_norm(module)
+    return _unparametrized(module) or _rms_norm(module)
+
+
+def _unparametrized(module: torch.nn.Module) -> LeafReplacement | None:
+    """A parametrized torch module (wav2vec2's ``weight_norm`` positional conv) as its plain class, the weight computed.
+
+    ``torch.nn.utils.parametrize`` makes a class of its own (``ParametrizedConv1d``) that holds
+    ``parametrizations.weight.original0/1`` and computes ``weight`` from them on every call. An
+    inference artifact needs only the result: a plain ``Conv1d`` holding the weight the
+    parametrization computes.
+    """
+    from torch.nn.utils import parametrize
+
+    from .leaf_constructor import NoConstructorForm, constructor_call
+
+    if not parametrize.is_parametrized(module) or not type(module).__module__.startswith("torch."):
+        return None
+    # A new module of the class before parametrization: remove_parametrizations would edit the parametrized
+    # class, which a copy shares with the model.
+    original = parametrize.type_before_parametrizations(module)
+    plain = original.__new__(original)
+    plain.__dict__ = dict(module.__dict__)
+    plain._modules = {name: child for name, child in module._modules.items() if name != "parametrizations"}
+    plain._parameters = dict(module._parameters)
+    plain._buffers = dict(module._buffers)
+    with torch.no_grad():
+        for name in module.parametrizations:
+            plain._parameters[name] = torch.nn.Parameter(getattr(module, name).detach().clone(), requires_grad=False)
+    try:
+        constructor = constructor_call(plain)
+    except NoConstructorForm:
+        return None
+    return LeafReplacement(constructor, {name: tensor.detach() for name, tensor in plain.state_dict().items()})
 
 
 def _rms_norm(module: torch.nn.Module) -> LeafReplacement | None:

@@ -2,7 +2,8 @@
 
 The inputs are what aot's dummy inputs hold for the model (names, ranks, dtypes), with
 the axes that follow the batch or a sequence named as recipe dims, and every other
-size fixed. The recipe validates at the table's second and third shapes.
+size fixed. A dim's sizes are those of the dummy inputs (raw audio: the samples that make
+as many frames as tokens), its bounds those at 2 and 32 tokens. The recipe validates at the table's second and third shapes.
 """
 
 from __future__ import annotations
@@ -15,13 +16,7 @@ from aot.tracing.dummy_inputs import default_input_names
 from .shapes import SHAPES, inputs_at, named_axes
 from .tiny_config import model_config
 
-_MAX = {"batch": 8, "sequence": 32, "decoder_sequence": 16}
-
-
-def _sizes(batch: int, sequence: int) -> dict[str, int]:
-    from aot.tracing.dummy_inputs import DECODER_SEQUENCE, SEQUENCE
-
-    return {"batch": batch, "sequence": sequence, "decoder_sequence": DECODER_SEQUENCE * sequence // SEQUENCE or 1}
+_MAX = {"batch": 8, "sequence": 32}  # tokens; every other dim's bounds are its sizes in the dummy inputs at 2 and 32 tokens
 
 
 def tiny_recipe(model_type: str, class_name: str, frontend: str, model: torch.nn.Module) -> dict:
@@ -29,7 +24,14 @@ def tiny_recipe(model_type: str, class_name: str, frontend: str, model: torch.nn
     axes = named_axes(model, names)
     example = inputs_at(model, names, *SHAPES[0])
     used = sorted({dim for named in axes.values() for dim in named.values()})
-    trace_sizes = _sizes(*SHAPES[0])
+
+    def sizes_at(batch: int, sequence: int) -> dict[str, int]:
+        """Each dim's size in the dummy inputs at this batch and token count (raw audio: its samples)."""
+        made = inputs_at(model, names, batch, sequence)
+        return {dim: made[name].shape[axis] for name, named in axes.items() for axis, dim in named.items()}
+
+    trace_sizes = sizes_at(*SHAPES[0])
+    smallest, largest = sizes_at(2, 2), sizes_at(2, _MAX["sequence"])
     tensors = [
         {
             "name": name,
@@ -42,12 +44,15 @@ def tiny_recipe(model_type: str, class_name: str, frontend: str, model: torch.nn
         "name": f"coverage-{model_type}",
         "model": {"config": model_config(model_type, type(model)), "class": class_name, "seed": 0},
         "inputs": {
-            "dims": {dim: {"size": trace_sizes[dim], "dynamic": True, "min": 1 if dim == "batch" else 2, "max": _MAX[dim]}
-                     for dim in used},
+            "dims": {
+                dim: {"size": trace_sizes[dim], "dynamic": True, "min": 1 if dim == "batch" else smallest[dim],
+                      "max": _MAX["batch"] if dim == "batch" else largest[dim]}
+                for dim in used
+            },
             "tensors": tensors,
         },
         "trace": {"frontend": frontend},
-        "validate": {"shapes": [{dim: _sizes(*shape)[dim] for dim in used} for shape in SHAPES[1:]] if used else []},
+        "validate": {"shapes": [{dim: sizes_at(*shape)[dim] for dim in used} for shape in SHAPES[1:]] if used else []},
     }
 
 

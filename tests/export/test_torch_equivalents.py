@@ -91,3 +91,40 @@ def test_gemma_rms_norms_with_weight_offset_by_one_save_and_run_standalone(tmp_p
     save_graph_module(gm, tmp_path / "gm")
     assert "import transformers" not in (tmp_path / "gm" / "module.py").read_text()
     _assert_standalone_matches_eager(model, tmp_path, tolerance=1e-4)
+
+
+class WeightNormConv(torch.nn.Module):
+    """wav2vec2's positional embedding in small: a grouped Conv1d under torch's weight_norm parametrization."""
+
+    def __init__(self):
+        super().__init__()
+        conv = torch.nn.Conv1d(8, 8, kernel_size=5, padding=2, groups=2)
+        self.conv = torch.nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.conv(x))
+
+
+def test_a_weight_norm_parametrized_conv_is_saved_as_a_plain_conv_holding_the_computed_weight(tmp_path):
+    from aot.export import load_standalone
+
+    torch.manual_seed(0)
+    model = WeightNormConv().eval()
+    assert type(model.conv).__name__ == "ParametrizedConv1d", "precondition: the leaf is parametrized"
+    gm = symbolic_trace(model, input_names=["x"], dummy_inputs={"x": torch.randn(2, 8, 11)})
+    assert any(n.op == "call_module" and n.target == "conv" for n in gm.graph.nodes), "precondition: the conv is a leaf call"
+
+    save_graph_module(gm, tmp_path / "gm")
+
+    source = (tmp_path / "gm" / "module.py").read_text()
+    assert "torch.nn.Conv1d(" in source
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "gm" / "weights.safetensors"), "pt") as saved:
+        assert sorted(saved.keys()) == ["conv.bias", "conv.weight"], "the computed weight, not weight_norm's g and v"
+    loaded = load_standalone(tmp_path / "gm")
+    assert type(loaded.conv) is torch.nn.Conv1d
+    for length in (11, 3, 40):
+        x = torch.randn(3, 8, length)
+        with torch.no_grad():
+            torch.testing.assert_close(flatten_outputs(loaded(x=x))["output"], model(x), rtol=1e-6, atol=1e-6)
