@@ -21,6 +21,7 @@ SEQUENCE = 16
 DECODER_SEQUENCE = 8
 DEFAULT_IMAGE_SIZE = 64
 NUM_CHOICES = 2  # multiple-choice heads: the choices of an example are an axis of their own
+VISUAL_REGIONS = 6  # LXMERT's detected regions per image: a fixed count, not the text's length
 
 
 def forward_parameters(model: torch.nn.Module | type[torch.nn.Module]) -> list[str]:
@@ -53,6 +54,8 @@ def default_input_names(model: torch.nn.Module) -> list[str]:
         names.append("decoder_input_ids")
     if main == "input_ids" and "pixel_values" in parameters and getattr(config, "vision_config", None) is not None:
         names.append("pixel_values")  # a dual encoder (CLIP, SigLIP): its forward embeds text and images both
+    if main == "input_ids" and "visual_feats" in parameters and getattr(config, "visual_feat_dim", None):
+        names += ["visual_feats", "visual_pos"]  # LXMERT: region features and boxes beside the text, both required
     return names
 
 
@@ -158,6 +161,17 @@ def make_dummy_inputs(
             size = size if isinstance(size, int) else size[0]
             channels = getattr(vision, "num_channels", 3)
             inputs[name] = torch.randn(batch, channels, size, size, generator=generator)
+        elif name == "visual_feats":  # LXMERT: one feature vector per detected region
+            inputs[name] = torch.randn(batch, VISUAL_REGIONS, config.visual_feat_dim, generator=generator)
+        elif name == "visual_pos":  # and its box, (x0, y0, x1, y1) in [0, 1]
+            xs, ys = (torch.rand(batch, VISUAL_REGIONS, 2, generator=generator).sort(dim=-1).values for _ in range(2))
+            boxes = torch.stack([xs[..., 0], ys[..., 0], xs[..., 1], ys[..., 1]], dim=-1)
+            inputs[name] = boxes[..., : getattr(config, "visual_pos_dim", 4)]
+        elif name == "pixel_values_videos":  # V-JEPA 2: (batch, frames, channels, height, width), one clip
+            size = getattr(config, "crop_size", None) or getattr(config, "image_size", None) or DEFAULT_IMAGE_SIZE
+            frames = getattr(config, "frames_per_clip", None) or 2 * getattr(config, "tubelet_size", 1)
+            channels = getattr(config, "in_chans", None) or getattr(config, "num_channels", 3)
+            inputs[name] = torch.randn(batch, frames, channels, size, size, generator=generator)
         elif name == "input_features" and getattr(config, "input_feat_per_channel", None):
             # Speech2Text: (batch, frames, features), its convolutions halving the frames each
             features = config.input_feat_per_channel * getattr(config, "input_channels", 1)

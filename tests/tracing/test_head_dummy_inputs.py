@@ -172,3 +172,40 @@ def test_an_encoder_decoder_classifier_gets_one_eos_per_row_and_no_decoder_input
         case = make_dummy_inputs(model, names, batch=max(batch, 2), sequence=sequence)
         with torch.no_grad():
             torch.testing.assert_close(graph_module(**case)["logits"], model(**case).logits)
+
+
+def test_lxmert_gets_region_features_and_boxes_beside_its_text_and_traces():
+    from aot.tracing.dummy_inputs import default_input_names
+
+    config = transformers.LxmertConfig(vocab_size=99, hidden_size=32, num_attention_heads=4, intermediate_size=37, l_layers=1, x_layers=1,
+                                       r_layers=1, visual_feat_dim=16, visual_pos_dim=4, num_qa_labels=3)
+    model = _model(transformers.LxmertModel, config)
+    names = default_input_names(model)
+    assert names[:2] == ["input_ids", "attention_mask"] and names[-2:] == ["visual_feats", "visual_pos"]
+    inputs = make_dummy_inputs(model, names, batch=2, sequence=16)
+    boxes = inputs["visual_pos"]
+    assert inputs["visual_feats"].shape[-1] == 16 and boxes.shape[-1] == 4
+    assert bool(((boxes >= 0) & (boxes <= 1)).all() and (boxes[..., 2:] >= boxes[..., :2]).all()), "boxes are (x0, y0, x1, y1) in [0, 1]"
+
+    graph_module = symbolic_trace(model, names)
+
+    for batch, sequence in SHAPES:
+        case = make_dummy_inputs(model, names, batch=max(batch, 2), sequence=sequence)
+        with torch.no_grad():
+            expected, actual = model(**case), graph_module(**case)
+        torch.testing.assert_close(actual["pooled_output"], expected.pooled_output)
+
+
+def test_a_video_model_gets_one_clip_of_its_frames():
+    config = transformers.VJEPA2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, mlp_ratio=2, crop_size=32, patch_size=16,
+                                       frames_per_clip=4, tubelet_size=2, pred_hidden_size=32, pred_num_hidden_layers=1,
+                                       pred_num_attention_heads=4, num_pooler_layers=1, num_labels=3)
+    model = _model(transformers.VJEPA2ForVideoClassification, config)
+    inputs = make_dummy_inputs(model, ["pixel_values_videos"], batch=2)
+    assert inputs["pixel_values_videos"].shape == (2, 4, 3, 32, 32)
+
+    graph_module = symbolic_trace(model, ["pixel_values_videos"])
+
+    case = make_dummy_inputs(model, ["pixel_values_videos"], batch=3)
+    with torch.no_grad():
+        torch.testing.assert_close(graph_module(**case)["logits"], model(**case).logits)
