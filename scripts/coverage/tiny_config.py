@@ -90,9 +90,20 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                  "num_conv_pos_embedding_groups": 2, "tdnn_dim": [16, 16, 16, 16, 32], "num_codevectors_per_group": 8},
     "hubert": {"conv_dim": [16, 16], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_conv_pos_embeddings": 16,
                "num_conv_pos_embedding_groups": 2},
+    # T5's checkpoints start the decoder at the pad token (decoder_start_token_id: 0), which transformers 5's
+    # T5Config no longer sets itself; the sequence classifier shifts input_ids with it.
+    "t5": {"decoder_start_token_id": 0},
     # Four frames in tubelets of two; one layer in the attentive pooler.
     "vjepa2": {"frames_per_clip": 4, "num_pooler_layers": 1},
 }
+
+
+def _kept(config_class: type, key: str, value: Any) -> bool:
+    """Whether the config keeps a key its signature does not name (one its checkpoints carry, taken by **kwargs)."""
+    return getattr(config_class(**{key: value}), key, _UNSET) == value
+
+
+_UNSET = object()
 
 
 def _parameters(config_class: type) -> set[str]:
@@ -139,7 +150,7 @@ def tiny_overrides(model_type: str) -> dict[str, Any]:
     config_class = type(AutoConfig.for_model(model_type))
     overrides = shrunk(config_class)
     extra = OVERRIDES.get(model_type, {})
-    unknown = sorted(set(extra) - _parameters(config_class))
+    unknown = sorted(key for key in set(extra) - _parameters(config_class) if not _kept(config_class, key, extra[key]))
     if unknown:
         raise KeyError(f"OVERRIDES['{model_type}'] names keys {config_class.__name__} does not take: {', '.join(unknown)}")
     overrides.update(extra)
