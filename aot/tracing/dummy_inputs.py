@@ -187,6 +187,11 @@ def make_dummy_inputs(
             width = "embedding_size" if name != "encoder_hidden_states" and getattr(text, "embedding_size", None) else "hidden_size"
             hidden = getattr(text, width, None) or getattr(text, "d_model")
             inputs[name] = torch.randn(batch, length, hidden, generator=generator)
+        elif name == "past_key_values":
+            raise TraceError(
+                f"input 'past_key_values' of {type(model).__name__}: a KV cache is an object, not a tensor a graph can take; "
+                "trace the flat cache step instead (aot.decoding.FlatCacheDecoder(model), or a recipe's `generation: {cache: true}`)"
+            )
         else:
             raise TraceError(f"cannot make a dummy value for input '{name}' of {type(model).__name__}; pass dummy_inputs")
     if choices > 1:

@@ -209,3 +209,13 @@ def test_a_video_model_gets_one_clip_of_its_frames():
     case = make_dummy_inputs(model, ["pixel_values_videos"], batch=3)
     with torch.no_grad():
         torch.testing.assert_close(graph_module(**case)["logits"], model(**case).logits)
+
+
+def test_a_kv_cache_input_name_points_to_the_flat_cache_step():
+    from aot.errors import TraceError
+
+    config = transformers.LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    model = _model(transformers.LlamaForCausalLM, config)
+    with pytest.raises(TraceError, match=r"input 'past_key_values' of LlamaForCausalLM.*FlatCacheDecoder"):
+        symbolic_trace(model, ["input_ids", "past_key_values"])
