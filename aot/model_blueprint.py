@@ -81,8 +81,11 @@ def _inline_config(loaded: LoadedRecipe) -> Any:
     except ValueError:
         raise loaded.error(("model", "config", "model_type"), f"unknown transformers model_type '{model_type}'") from None
     known = set(defaults.to_dict()) | set(getattr(defaults, "attribute_map", {}))
-    for key in overrides:
-        if key not in known and not hasattr(defaults, key):
+    for key, value in overrides.items():
+        # A special token id (T5's decoder_start_token_id) is read by the model from its config, though the
+        # config class may not declare it: checkpoints carry it, so a recipe may too.
+        token_id = key.endswith("_token_id") and (value is None or isinstance(value, int))
+        if key not in known and not hasattr(defaults, key) and not token_id:
             raise loaded.error(("model", "config", key), f"unknown {type(defaults).__name__} key")
     try:
         config = AutoConfig.for_model(model_type, **overrides)

@@ -62,6 +62,14 @@ def test_model_faults_are_found_without_weights(write_recipe, no_weights, edit, 
     assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
 
 
+def test_a_special_token_id_the_config_class_does_not_declare_is_taken(write_recipe, no_weights):
+    text = TINY_BERT.replace("    hidden_size: 32\n", "    hidden_size: 32\n    decoder_start_token_id: 0\n")
+    assert text != TINY_BERT and "decoder_start_token_id" not in transformers.BertConfig().to_dict(), "precondition: undeclared"
+    assert check_recipe(write_recipe(text)).model_class == "BertModel"
+    with pytest.raises(RecipeError, match="model.config.decoder_start_token: unknown BertConfig key"):
+        check_recipe(write_recipe(text.replace("decoder_start_token_id", "decoder_start_token")))
+
+
 def test_pretrained_directory_needs_only_its_config(write_recipe, tmp_path, no_weights):
     directory = tmp_path / "bert-dir"
     directory.mkdir()
