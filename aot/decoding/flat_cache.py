@@ -101,7 +101,7 @@ class FlatCacheDecoder(torch.nn.Module):
             if window is not None:
                 cache.layers[index] = FlatSlidingWindowLayer(window, keys, values, seen_tokens)
                 continue
-            if not torch.compiler.is_exporting() and not torch.fx._symbolic_trace.is_fx_tracing():
+            if not torch.compiler.is_exporting() and not torch.fx._symbolic_trace.is_fx_symbolic_tracing():
                 # Not a hint to torch.export: see aot.decoding.cache_layers for why the mask's length stays free there.
                 # Nor under torch.fx, where the sizes are traced values the graph computes at run time.
                 torch._check(
