@@ -112,6 +112,7 @@ class _Layer:
     nodes: list[Node]
     aten: bool = False
     conv1d: bool = False  # fx: a transformers Conv1D leaf, whose weight is (in, out)
+    held: HeldLayer | None = None  # ATen graphs: what check found the holder holds, for rewrite
 
 
 @register_pass("prepack_linear_weights")
@@ -137,7 +138,7 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
         """
         layers = [_Layer(target, nodes) for target, nodes in call_sites(graph_module, nn.Linear).items()]
         layers += [_Layer(target, nodes, conv1d=True) for target, nodes in call_sites(graph_module, nn.Module).items()
-                   if _qualified_name(type(graph_module.get_submodule(target))) == _CONV1D]
+                   if torch.typename(graph_module.get_submodule(target)) == _CONV1D]
         layers += [_Layer(target, nodes, aten=True) for target, nodes in aten_call_sites(graph_module).items()]
         for layer in layers:
             nodes = layer.nodes
@@ -152,6 +153,7 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
             held = held_layer(graph_module, layer.target, layer.nodes)
             if not held:
                 return Match.fail(f"{where}: {held.reason}")
+            layer.held = held.value  # rewrite packs this one: a Conv1D weight's (out, in) copy is made once
             weight, bias = held.value.weight, held.value.bias
         else:
             module = graph_module.get_submodule(layer.target)
@@ -174,8 +176,7 @@ class PrepackLinearWeights(RewriteRule, ReversibleTransformation):
         activation = fused.value[1] if fused else "none"
         transposed = False
         if layer.aten:
-            held = held_layer(graph_module, target, layer.nodes).value
-            packed, transposed = OneDNNLinear.from_linear(held, activation, self.options.batch_size_hint), held.transposed
+            packed, transposed = OneDNNLinear.from_linear(layer.held, activation, self.options.batch_size_hint), layer.held.transposed
             nodes = [call_holder_instead(graph_module, node, target) for node in layer.nodes]
         elif layer.conv1d:  # x W + b with W (in, out): the linear layer of W^T, copied once into that layout
             module = graph_module.get_submodule(target)
@@ -292,10 +293,6 @@ def _linear_sharing(packed: OneDNNLinear) -> nn.Linear:
     layer.bias = packed.bias
     return layer
 
-
-
-def _qualified_name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _conv1d_of(packed: OneDNNLinear) -> nn.Module:

@@ -39,7 +39,7 @@ from aot.quiet import quiet_torch
 
 from .dim_narrowing import narrowed_default_range
 from .dummy_inputs import forward_parameters
-from .model_state import TRACEABLE_EXPERTS, config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
+from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
 from .scope import Scope, qualified_type_name
 from .source_location import raised_at
 
@@ -175,10 +175,10 @@ def export_trace(
         disable_hooked_forward(model),
         preserved_model_state(model) as restored,
         _cache_off(model, example_kwargs, notes),
-        traceable_experts(model) as experts,
+        traceable_experts(model) as experts_note,
     ):
-        if experts:
-            notes.append(f"experts traced with transformers' {TRACEABLE_EXPERTS} implementation (the model's is {experts})")
+        if experts_note:
+            notes.append(experts_note)
         try:
             for attempt in range(_NARROWING_ATTEMPTS + 1):
                 dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, given)

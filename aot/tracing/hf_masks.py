@@ -92,10 +92,14 @@ def build_traced_mask(tracer, builder_name: str, kind: str, arguments: dict[str,
         )
     additive = implementation == "eager"
     embeds = arguments["inputs_embeds"]
-    if kind == "bidirectional_sliding":  # never skipped: the window masks even without padding
+    window = None
+    if kind in ("sliding", "bidirectional_sliding"):
         window = getattr(config, "sliding_window", None)
-        if window is None or arguments.get("encoder_hidden_states") is not None:
-            raise TraceError(f"{builder_name}: needs the config's sliding_window and no encoder states to be traced")
+        if window is None:
+            raise TraceError(f"{builder_name}: the config has no sliding_window")
+    if kind == "bidirectional_sliding":  # never skipped: the window masks even without padding
+        if arguments.get("encoder_hidden_states") is not None:
+            raise TraceError(f"{builder_name} with encoder states is not supported by the fx tracer; use the export frontend (trace: export)")
         return tracer.create_proxy("call_function", bidirectional_sliding_window_mask, (embeds, mask, window, additive), {})
     if kind == "bidirectional":
         if mask is None:
@@ -105,13 +109,8 @@ def build_traced_mask(tracer, builder_name: str, kind: str, arguments: dict[str,
         keys = arguments.get("encoder_hidden_states")
         keys = embeds if keys is None else keys
         return tracer.create_proxy("call_function", bidirectional_attention_mask, (mask, embeds, keys, additive), {})
-    window = None
-    if kind == "sliding":
-        window = getattr(config, "sliding_window", None)
-        if window is None:
-            raise TraceError(f"{builder_name}: the config has no sliding_window")
     if cache is not None:
-        return _cached_mask(tracer, kind, arguments, cache, window, additive)
+        return _cached_mask(tracer, kind, arguments, embeds, mask, cache, window, additive)
     if mask is None and implementation == "sdpa" and window is None and arguments.get("allow_is_causal_skip", True):
         return None  # eager skips it too and SDPA runs with is_causal
     if mask is None and arguments.get("position_ids") is not None:
@@ -119,7 +118,7 @@ def build_traced_mask(tracer, builder_name: str, kind: str, arguments: dict[str,
     return tracer.create_proxy("call_function", causal_attention_mask, (embeds, mask, window, additive), {})
 
 
-def _cached_mask(tracer, kind: str, arguments: dict[str, Any], cache, window: int | None, additive: bool) -> Any:
+def _cached_mask(tracer, kind: str, arguments: dict[str, Any], embeds, mask, cache, window: int | None, additive: bool) -> Any:
     """A step on a KV cache: the cache layer says where its keys and the queries sit, as transformers asks it."""
     from transformers.masking_utils import find_first_full_attention_index
 
@@ -129,10 +128,8 @@ def _cached_mask(tracer, kind: str, arguments: dict[str, Any], cache, window: in
         layer_idx = sliding.index(True) if True in sliding else 0
     elif layer_idx is None:
         layer_idx = find_first_full_attention_index(cache)
-    embeds = arguments["inputs_embeds"]
     query_offset = cache.get_query_offset(layer_idx)
     key_length, key_offset = cache.get_mask_sizes(embeds.shape[1], layer_idx)
-    mask = arguments.get("attention_mask")
     return tracer.create_proxy(
         "call_function", cached_causal_attention_mask, (embeds, mask, query_offset, key_offset, key_length, window, additive), {}
     )

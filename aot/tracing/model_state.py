@@ -55,22 +55,28 @@ def _restore(obj: Any, label: str, state: dict, nested: dict, restored: list[str
             restored.append(f"{label}{key}")
 
 
+def module_configs(model: torch.nn.Module) -> list[Any]:
+    """Every distinct config a module of ``model`` holds, in module order (an encoder-decoder's stacks keep their own)."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        config = module.__dict__.get("config")
+        if config is not None and hasattr(config, "__dict__"):
+            found.setdefault(id(config), config)
+    return list(found.values())
+
+
 @contextlib.contextmanager
 def preserved_model_state(model: torch.nn.Module) -> Iterator[list[str]]:
     """Yields the list it fills, on exit, with the attributes it had to put back."""
     restored: list[str] = []
     modules = [(name, module, *_snapshot(module)) for name, module in model.named_modules()]
-    configs: dict[int, tuple[Any, dict, dict]] = {}
-    for _, module, state, _ in modules:
-        config = state.get("config")
-        if config is not None and hasattr(config, "__dict__") and id(config) not in configs:
-            configs[id(config)] = (config, *_snapshot(config))
+    configs = [(config, *_snapshot(config)) for config in module_configs(model)]
     try:
         yield restored
     finally:
         for name, module, state, nested in modules:
             _restore(module, f"{name}." if name else "", state, nested, restored)
-        for config, state, nested in configs.values():
+        for config, state, nested in configs:
             _restore(config, "config.", state, nested, restored)
 
 
@@ -81,12 +87,10 @@ def config_use_cache_off(model: torch.nn.Module) -> Iterator[bool]:
     Every config reachable from a module: an encoder-decoder's decoder stack (T5's) holds a copy of
     the config of its own, and builds an ``EncoderDecoderCache`` from it whatever the model's says.
     """
-    configs = {id(config): config for module in model.modules() if (config := getattr(module, "config", None)) is not None}
-    caching = [config for config in configs.values() if getattr(config, "use_cache", False) is True]
-    top = getattr(model, "config", None)
-    if not getattr(top, "use_cache", False):
+    if not getattr(getattr(model, "config", None), "use_cache", False):
         yield False
         return
+    caching = [config for config in module_configs(model) if getattr(config, "use_cache", False) is True]
     for config in caching:
         config.use_cache = False
     try:
@@ -101,7 +105,7 @@ TRACEABLE_EXPERTS = "batched_mm"
 
 @contextlib.contextmanager
 def traceable_experts(model: torch.nn.Module) -> Iterator[str | None]:
-    """Experts layers on ``batched_mm`` inside; yields the implementation they had, or None when nothing changed."""
+    """Experts layers on ``batched_mm`` inside; yields the trace report's note on it, or None when nothing changed."""
     can_set = getattr(type(model), "_can_set_experts_implementation", None)
     config = getattr(model, "config", None)
     current = getattr(config, "_experts_implementation", None)
@@ -111,7 +115,7 @@ def traceable_experts(model: torch.nn.Module) -> Iterator[str | None]:
     before = model.get_experts_implementation()
     model.set_experts_implementation(TRACEABLE_EXPERTS)
     try:
-        yield current
+        yield f"experts traced with transformers' {TRACEABLE_EXPERTS} implementation (the model's is {current})"
     finally:
         model.set_experts_implementation(before)
 

@@ -35,7 +35,7 @@ from aot.errors import TraceError
 from aot.quiet import quiet_torch
 
 from .dummy_inputs import default_input_names, forward_parameters, make_dummy_inputs
-from .model_state import TRACEABLE_EXPERTS, config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
+from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
 from .shape_check import check_at_second_shape, specialising_sizes
 from .tracer import HFTracer
 
@@ -230,11 +230,11 @@ def symbolic_trace(
         autowrap_functions=tuple(resolve_function(fn) for fn in autowrap_functions),
     )
     adapter = _OutputAdapter()
-    with cache_off as turned_off, disable_hooked_forward(model), preserved_model_state(model) as restored, traceable_experts(model) as experts:
+    with cache_off as turned_off, disable_hooked_forward(model), preserved_model_state(model) as restored, traceable_experts(model) as experts_note:
         if turned_off:
             notes.append("traced with config.use_cache=False")
-        if experts:
-            notes.append(f"experts traced with transformers' {TRACEABLE_EXPERTS} implementation (the model's is {experts})")
+        if experts_note:
+            notes.append(experts_note)
         try:
             with quiet_torch("the fx tracer"):  # fake tensors log the error of an op that fails on them
                 graph = tracer.trace_model(
