@@ -102,6 +102,13 @@ def make_inputs(
 
 
 def _random_tensor(spec: TensorSpec, shape: list[int], config: Any, generator: torch.Generator) -> torch.Tensor:
+    values = _values(spec, shape, config, generator)
+    if spec.last is not None:
+        values[..., -1] = spec.last
+    return values
+
+
+def _values(spec: TensorSpec, shape: list[int], config: Any, generator: torch.Generator) -> torch.Tensor:
     dtype = getattr(torch, spec.dtype)
     fill = spec.fill
     if fill == "random" and spec.low is None and spec.high is None and "mask" in spec.name:

@@ -98,6 +98,11 @@ class TensorSpec(_Strict):
         description="Largest random value (exclusive for integers). Token ids default to the vocab size.",
     )
     fill: Literal["random", "ones", "zeros"] = Field("random", description="How values are made.")
+    last: float | None = Field(
+        None,
+        description="Value of every row's last element, the end of the sequence axis (the EOS id a tokenizer "
+        "appends, which BART-style sequence classifiers pool at; keep `low` above it so it appears once).",
+    )
 
 
 class InputsSpec(_Strict):

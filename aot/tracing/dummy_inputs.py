@@ -50,7 +50,7 @@ def default_input_names(model: torch.nn.Module) -> list[str]:
             names.append("attention_mask")
         if "token_type_ids" in parameters and getattr(config, "type_vocab_size", 0) > 1:
             names.append("token_type_ids")
-    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters and not _pools_at_eos(model):
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters and not pools_at_eos(model):
         names.append("decoder_input_ids")
     if main == "input_ids" and "pixel_values" in parameters and getattr(config, "vision_config", None) is not None:
         names.append("pixel_values")  # a dual encoder (CLIP, SigLIP): its forward embeds text and images both
@@ -99,7 +99,7 @@ def _labels_one_per_example(model: torch.nn.Module) -> bool:
     return _is_head(model, *_ONE_LABEL_PER_EXAMPLE)
 
 
-def _pools_at_eos(model: torch.nn.Module) -> bool:
+def pools_at_eos(model: torch.nn.Module) -> bool:
     """An encoder-decoder's sequence classifier (BART, mBART, PLBART, T5, MT5): it classifies the decoder state at
     each row's last EOS token of ``input_ids``, and makes its decoder inputs from ``input_ids`` itself, so the
     two lengths agree; every row needs the same number of EOS tokens."""
@@ -136,7 +136,7 @@ def make_dummy_inputs(
         length = decoder_length if name.startswith("decoder_") else sequence
         if name in ("input_ids", "decoder_input_ids"):
             inputs[name] = torch.randint(0, vocab, (batch, length), generator=generator)
-            if name == "input_ids" and _pools_at_eos(model) and isinstance(getattr(config, "eos_token_id", None), int):
+            if name == "input_ids" and pools_at_eos(model) and isinstance(getattr(config, "eos_token_id", None), int):
                 inputs[name] = _with_one_eos_per_row(inputs[name], config.eos_token_id, vocab)
         elif name == "labels" and _labels_one_per_example(model):
             classes = max(getattr(config, "num_labels", 2) or 2, 1)

@@ -119,7 +119,7 @@ def _remove_unused_python_values(graph: torch.fx.Graph, tracer: HFTracer) -> int
     for node in reversed(list(graph.nodes)):
         if node.users or node.op not in ("call_function", "call_method", "get_attr"):
             continue
-        if node.op == "call_function" and node.target is operator.setitem:
+        if node.op == "call_function" and (node.target is operator.setitem or node.is_impure()):
             continue
         if node.op == "get_attr" or tracer.is_python_value(node):
             graph.erase_node(node)

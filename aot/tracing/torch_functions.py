@@ -13,6 +13,9 @@ function from this file. Each function here:
 
 That lets the artifact writer copy their source into a torch-only saved module.
 
+``check_condition`` stands in the same way for transformers' ``torch_compilable_check``,
+whose condition is a traced value.
+
 Mask conventions (those of transformers' ``sdpa_mask`` / ``eager_mask``), shape
 ``(batch, 1, q_len, kv_len)``:
 
@@ -145,4 +148,23 @@ def cached_causal_attention_mask(
     return torch.where(allowed, zero, torch.finfo(inputs_embeds.dtype).min)
 
 
-LEAF_FUNCTIONS = (bidirectional_attention_mask, causal_attention_mask, bidirectional_sliding_window_mask, cached_causal_attention_mask)
+def check_condition(condition: bool | torch.Tensor, message: str) -> None:
+    """Raise ``ValueError(message)`` unless ``condition`` holds: transformers' ``torch_compilable_check``, traced.
+
+    A model checks its inputs this way (BART's classifier: every row holds the same number
+    of EOS tokens). The condition is computed by graph nodes; this call keeps the check in the
+    graph, and under torch.export it becomes a runtime assertion, as ``torch._check`` is there.
+    """
+    if isinstance(condition, torch.Tensor):
+        torch._check_tensor_all_with(ValueError, condition, lambda: message)
+    else:
+        torch._check_with(ValueError, condition, lambda: message)
+
+
+LEAF_FUNCTIONS = (
+    bidirectional_attention_mask,
+    causal_attention_mask,
+    bidirectional_sliding_window_mask,
+    cached_causal_attention_mask,
+    check_condition,
+)

@@ -6,7 +6,9 @@
   cache keeps ``min(seen, window - 1)`` tokens) become graph nodes instead of baking the
   example's value;
 - the mask builders of ``transformers.masking_utils``, wherever a loaded
-  transformers module imported them, become the stand-ins of ``hf_masks``.
+  transformers module imported them, become the stand-ins of ``hf_masks``;
+- ``torch_compilable_check`` of a traced condition becomes a ``check_condition``
+  node (``torch_functions``), so the check stays in the graph.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 import torch.fx
 
 from .hf_masks import MASK_BUILDER_KINDS, traced_mask_builder
+from .source_location import user_location
+from .torch_functions import check_condition
 
 PROXY_AWARE_TORCH_FUNCTIONS = (
     "arange", "zeros", "ones", "full", "empty", "eye", "linspace", "tensor", "as_tensor",
@@ -62,6 +66,36 @@ def proxy_aware(function: Callable) -> Callable:
     return wrapper
 
 
+def traced_check(original: Callable) -> Callable:
+    """transformers' ``torch_compilable_check``, which on a traced condition records a ``check_condition`` node.
+
+    A message that is a callable (it may format tensor values) becomes the place of the check.
+    """
+
+    @functools.wraps(original)
+    def check(cond: Any, msg: Any, error_type: type[Exception] = ValueError) -> None:
+        if not isinstance(cond, torch.fx.Proxy):
+            return original(cond, msg, error_type)
+        if not isinstance(msg, str):
+            location = user_location()
+            msg = f"the check at {location.short_file()}:{location.line} failed"
+        cond.tracer.create_proxy("call_function", check_condition, (cond, msg), {})
+
+    return check
+
+
+def _patch_transformers_globals(patch: Callable[[dict, str, Any], None], replacements: dict[int, Callable]) -> None:
+    """Bind each replacement wherever a loaded transformers module bound its original (keyed by id), under any name."""
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("transformers"):
+            continue
+        namespace = module.__dict__
+        for name, value in list(namespace.items()):
+            replacement = replacements.get(id(value))
+            if replacement is not None:
+                patch(namespace, name, replacement)
+
+
 @contextlib.contextmanager
 def tracing_patches(tracer) -> Iterator[None]:
     saved: list[tuple[dict, str, Any]] = []
@@ -73,19 +107,18 @@ def tracing_patches(tracer) -> Iterator[None]:
     try:
         for name in PROXY_AWARE_TORCH_FUNCTIONS:
             patch(torch.__dict__, name, proxy_aware(torch.__dict__[name]))
+        replacements: dict[int, Callable] = {}
         masking_utils = sys.modules.get("transformers.masking_utils")
         if masking_utils is not None:
-            originals = {
-                name: masking_utils.__dict__[name] for name in MASK_BUILDER_KINDS if name in masking_utils.__dict__
-            }
-            replacements = {name: traced_mask_builder(fn, MASK_BUILDER_KINDS[name]) for name, fn in originals.items()}
-            for module_name, module in list(sys.modules.items()):
-                if module is None or not module_name.startswith("transformers"):
-                    continue
-                namespace = module.__dict__
-                for name, original in originals.items():
-                    if namespace.get(name) is original:
-                        patch(namespace, name, replacements[name])
+            for name, kind in MASK_BUILDER_KINDS.items():
+                if name in masking_utils.__dict__:
+                    original = masking_utils.__dict__[name]
+                    replacements[id(original)] = traced_mask_builder(original, kind)
+        import_utils = sys.modules.get("transformers.utils.import_utils")
+        if import_utils is not None and "torch_compilable_check" in import_utils.__dict__:
+            original = import_utils.__dict__["torch_compilable_check"]
+            replacements[id(original)] = traced_check(original)
+        _patch_transformers_globals(patch, replacements)
         yield
     finally:
         for namespace, name, value in reversed(saved):

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.fx.node import Node, map_arg
 
 from aot.errors import TraceError
@@ -47,7 +48,10 @@ from .fake_proxy import FakeProxy
 from .leaf_policy import LeafPolicy
 from .scope import Scope, ScopeContextManager, qualified_type_name
 from .source_location import SourceLocation, user_location
-from .torch_functions import LEAF_FUNCTIONS
+from .torch_functions import LEAF_FUNCTIONS, check_condition
+
+# A traced check has no users, but it is the point of its node: dead-code elimination keeps it.
+torch.fx.node.has_side_effect(check_condition)
 
 UNKNOWN = object()  # fake value of a node whose inputs had no example values
 
@@ -93,7 +97,9 @@ class HFTracer(torch.fx.Tracer):
         # The leaf functions are autowrapped too, so that fx can re-trace a saved GraphModule's code.
         super().__init__(autowrap_modules=(math,), autowrap_functions=tuple(autowrap_functions) + LEAF_FUNCTIONS)
         self.leaf_policy = LeafPolicy(leaf_modules, use_defaults=use_default_leaves)
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # The shape environment gives an op whose output size depends on data (unique_consecutive, boolean
+        # indexing) an unbacked size symbol, as torch.export does; Python decisions on such a size still fail.
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
         self.current_scope = Scope("", "")
         self.decisions: collections.Counter = collections.Counter()
         self.baked_constants: list[dict] = []
@@ -395,6 +401,7 @@ class HFTracer(torch.fx.Tracer):
             (
                 torch._subclasses.fake_tensor.DataDependentOutputException,
                 torch._subclasses.fake_tensor.DynamicOutputShapeException,
+                GuardOnDataDependentSymNode,
             ),
         )
         what = "data-dependent operation" if data_dependent else "operation that cannot be traced"
@@ -424,24 +431,33 @@ class HFTracer(torch.fx.Tracer):
                 f"data-dependent control flow at {location} (module '{self.current_scope.module_path}' "
                 f"{self.current_scope.module_type}): Python needs the {kind}() of a tensor's values; {_DATA_DEPENDENT_HINT}"
             )
-        if kind == "bool":
-            result = bool(value)
-        elif kind == "len":
-            result = len(value)
-        elif kind in ("index", "int"):
-            result = int(value)
-        elif kind == "float":
-            result = float(value)
-        elif kind == "contains":
-            if isinstance(item, torch.fx.Proxy):
-                item = self.concretize(item, "index" if isinstance(self.fake_value(item.node), int) else "bool")
-            result = item in value
-        else:
-            raise AssertionError(kind)
+        try:
+            result = self._concrete(value, kind, item)
+        except GuardOnDataDependentSymNode as error:
+            raise TraceError(
+                f"data-dependent control flow at {location} (module '{self.current_scope.module_path}' "
+                f"{self.current_scope.module_type}): Python needs the {kind}() of a size that depends on tensor values "
+                f"({error.cond}); {_DATA_DEPENDENT_HINT}"
+            ) from None
         if kind == "len" and not isinstance(value, torch.Tensor):
             return result  # the length of a tuple or Size is the rank: structure, not a decision
         self.record_decision(location, kind, result)
         return result
+
+    def _concrete(self, value: Any, kind: str, item: Any) -> Any:
+        if kind == "bool":
+            return bool(value)
+        if kind == "len":
+            return len(value)
+        if kind in ("index", "int"):
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "contains":
+            if isinstance(item, torch.fx.Proxy):
+                item = self.concretize(item, "index" if isinstance(self.fake_value(item.node), int) else "bool")
+            return item in value
+        raise AssertionError(kind)
 
     def record_decision(self, location: SourceLocation, kind: str, value: Any) -> None:
         self.decisions[(location.short_file(), location.line, location.expression, kind, json.dumps(_describe(value)))] += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import yaml
 
-from aot.tracing.dummy_inputs import default_input_names
+from aot.tracing.dummy_inputs import default_input_names, pools_at_eos
 
 from .shapes import SHAPES, inputs_at, named_axes
 from .tiny_config import model_config
@@ -37,6 +37,7 @@ def tiny_recipe(model_type: str, class_name: str, frontend: str, model: torch.nn
             "name": name,
             "shape": [axes.get(name, {}).get(axis, size) for axis, size in enumerate(value.shape)],
             "dtype": str(value.dtype).removeprefix("torch."),
+            **_eos_at_the_end(model, name),
         }
         for name, value in example.items()
     ]
@@ -54,6 +55,14 @@ def tiny_recipe(model_type: str, class_name: str, frontend: str, model: torch.nn
         "trace": {"frontend": frontend},
         "validate": {"shapes": [{dim: sizes_at(*shape)[dim] for dim in used} for shape in SHAPES[1:]] if used else []},
     }
+
+
+def _eos_at_the_end(model: torch.nn.Module, name: str) -> dict:
+    """A head that pools at each row's EOS (BART's classifier) gets it once, at the end, as its dummy inputs do."""
+    eos = getattr(model.config, "eos_token_id", None)
+    if name != "input_ids" or not pools_at_eos(model) or not isinstance(eos, int):
+        return {}
+    return {"low": eos + 1, "last": eos}
 
 
 def tiny_recipe_text(model_type: str, class_name: str, frontend: str, model: torch.nn.Module) -> str:

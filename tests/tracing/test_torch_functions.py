@@ -16,6 +16,7 @@ from aot.tracing.torch_functions import (
     bidirectional_sliding_window_mask,
     cached_causal_attention_mask,
     causal_attention_mask,
+    check_condition,
 )
 
 
@@ -98,10 +99,32 @@ def test_leaf_functions_are_self_contained_torch_only_code():
         names = {node.id for node in ast.walk(ast.parse(inspect.getsource(function))) if isinstance(node, ast.Name)}
         assert not names & {f.__name__ for f in LEAF_FUNCTIONS} - {function.__name__}
         copied = namespace[function.__name__]
-        embeds = torch.randn(2, 5, 4)
-        mask = torch.ones(2, 5, dtype=torch.long)
-        window = 2 if function is bidirectional_sliding_window_mask else None
-        args = (mask, embeds, embeds, True) if function is bidirectional_attention_mask else (embeds, mask, window, True)
-        if function is cached_causal_attention_mask:
-            args = (embeds, mask, 0, 0, 5, None, True)
-        assert torch.equal(copied(*args), function(*args))
+        args = _sample_arguments()[function]
+        assert _same(copied(*args), function(*args))
+
+
+def _sample_arguments() -> dict:
+    """One call of each leaf function."""
+    embeds = torch.randn(2, 5, 4)
+    mask = torch.ones(2, 5, dtype=torch.long)
+    return {
+        bidirectional_attention_mask: (mask, embeds, embeds, True),
+        causal_attention_mask: (embeds, mask, None, True),
+        bidirectional_sliding_window_mask: (embeds, mask, 2, True),
+        cached_causal_attention_mask: (embeds, mask, 0, 0, 5, None, True),
+        check_condition: (torch.tensor([True, True]), "checked"),
+    }
+
+
+def _same(a, b) -> bool:
+    return a is None and b is None or torch.equal(a, b)
+
+
+def test_every_leaf_function_has_a_sample_call():
+    assert set(_sample_arguments()) == set(LEAF_FUNCTIONS)
+
+
+@pytest.mark.parametrize("condition", [False, torch.tensor([True, False])])
+def test_check_condition_raises_the_models_message(condition):
+    with pytest.raises(ValueError, match="^All examples must have the same number of <eos> tokens.$"):
+        check_condition(condition, "All examples must have the same number of <eos> tokens.")

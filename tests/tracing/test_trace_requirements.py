@@ -142,23 +142,40 @@ def test_data_dependent_control_flow_names_the_line_and_the_fixes():
     assert "module 'gate'" in message
 
 
-def test_data_dependent_operation_names_the_line():
-    class Item(torch.nn.Module):
+def test_an_output_size_that_depends_on_data_traces_and_follows_the_data():
+    class NonzeroAndUnique(torch.nn.Module):
         def forward(self, x):
-            return x.nonzero()
+            return x.nonzero(), torch.unique_consecutive(x.round())
 
-    with pytest.raises(TraceError, match=r"data-dependent operation at .*test_trace_requirements.py:\d+ `return x.nonzero\(\)`"):
-        symbolic_trace(Item(), ["x"], dummy_inputs={"x": torch.randn(3)})
+    model = NonzeroAndUnique()
+    gm = symbolic_trace(model, ["x"], dummy_inputs={"x": torch.tensor([0.0, 1.0, 2.0])})
+    targets = {node.target for node in gm.graph.nodes}
+    assert "nonzero" in targets and torch.functional.unique_consecutive in targets
+    for x in (torch.tensor([0.0, 0.0, 3.0, 3.0, 3.0, 0.0, 5.0]), torch.tensor([1.0]), torch.zeros(4)):
+        expected = model(x)
+        assert expected[0].shape[0] != 2 or expected[1].shape[0] != 3, "precondition: not the traced sizes"
+        for actual, wanted in zip(gm(x=x), expected):
+            torch.testing.assert_close(actual, wanted)
+
+
+def test_a_decision_on_a_size_that_depends_on_data_names_the_line():
+    class Branch(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.nonzero().shape[0] > 1 else x
+
+    with pytest.raises(TraceError, match=r"data-dependent control flow at .*test_trace_requirements.py:\d+ `return x \* 2 if x.nonzero"):
+        symbolic_trace(Branch(), ["x"], dummy_inputs={"x": torch.randn(3)})
 
 
 def test_a_torch_function_called_by_the_model_is_reported_at_the_model_line():
-    class Unique(torch.nn.Module):
-        def forward(self, x):
-            return torch.unique_consecutive(x)  # a function of torch/functional.py: its caller is where to act
+    class Contract(torch.nn.Module):
+        def forward(self, x, dims):
+            return torch.tensordot(x, x, dims=dims)  # a function of torch/functional.py: its caller is where to act
 
-    assert torch.unique_consecutive.__module__ == "torch.functional", "precondition: the op's own frame is torch's"
-    with pytest.raises(TraceError, match=r"data-dependent operation at .*test_trace_requirements.py:\d+ `return torch.unique_consecutive\(x\)"):
-        symbolic_trace(Unique(), ["x"], dummy_inputs={"x": torch.randn(3)})
+    assert torch.tensordot.__module__ == "torch.functional", "precondition: the op's own frame is torch's"
+    inputs = {"x": torch.randn(3, 3), "dims": torch.tensor(1)}
+    with pytest.raises(TraceError, match=r"data-dependent operation at .*test_trace_requirements.py:\d+ `return torch.tensordot\(x, x, dims=dims\)"):
+        symbolic_trace(Contract(), list(inputs), dummy_inputs=inputs)
 
 
 def test_a_leaf_module_fixes_data_dependent_control_flow():
