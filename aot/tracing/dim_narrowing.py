@@ -20,7 +20,15 @@ suggested fixes::
 A suggestion of that plain form (no derived dim such as ``sequence = 10*_sequence``) that
 lies inside a default range becomes the range. Either way the trace report names the new
 range and why, so a graph that holds for fewer sizes than the defaults never does so
-silently. Anything else is left to the caller's error.
+silently.
+
+A suggestion of a derived dim (``sequence = 10*_sequence``) is different: the solver could
+not prove a guard over the range, and asks for a divisibility no input has to meet
+(wav2vec2's attention guards ``max(1, sequence // 10 - 1) ** 2 > 1``, true for every size
+from 30). :func:`unproven_dim` names such a dim; it is then exported as
+``Dim.DYNAMIC(min, max)``, under which torch.export keeps the range and turns each guard it
+cannot prove into a check of the inputs at run time (``Guard failed: ...``), never a silent
+specialisation. Anything else is left to the caller's error.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections.abc import Mapping
 _VIOLATION = re.compile(r"Not all values of (\w+) = [^\n]*?satisfy the generated guard (.+?) != (-?\d+)\.?\s*$", re.MULTILINE)
 _SIZE = re.compile(r"L\['[^']+'\]\.size\(\)\[\d+\]")
 _SUGGESTION = re.compile(r"^\s*(\w+) = Dim\('\1'(?:, min=(\d+))?(?:, max=(\d+|oo))?\)\s*$", re.MULTILINE)
+_DERIVED_SUGGESTION = re.compile(r"^\s*(\w+) = \d+\*_\1\s*$", re.MULTILINE)
 _COMPOUND = re.compile(r"!=|==|<|>|\band\b|\bor\b|\bnot\b|[A-Za-z_]{2,}")  # comparisons, logic, names other than s
 
 
@@ -39,6 +48,16 @@ def narrowed_default_range(
 ) -> tuple[str, int, int | None, str] | None:
     """``(dim, min, max, note)`` for the first default range a refusal narrows, or None."""
     return _past_an_excluded_size(message, ranges, given) or _as_suggested(message, ranges, given)
+
+
+def unproven_dim(message: str, ranges: Mapping[str, list[int | None]]) -> str | None:
+    """The dim of a refusal whose suggested fix is a derived dim (``name = K*_name``), or None."""
+    if "Suggested fixes:" not in message:
+        return None
+    for match in _DERIVED_SUGGESTION.finditer(message.split("Suggested fixes:", 1)[1]):
+        if match.group(1) in ranges:
+            return match.group(1)
+    return None
 
 
 def _as_suggested(

@@ -15,7 +15,11 @@ maximum number of positions for the axes of token inputs (ids, masks), and
 unbounded elsewhere. Where the model's code excludes an end of such a default
 range (MobileBERT needs ``seq != 2``, GPT-Neo ``seq != max``), that end moves
 in by one and the trace report notes it (:mod:`aot.tracing.dim_narrowing`); a
-range the caller gave is never changed.
+range the caller gave is never changed. Where torch.export's solver cannot prove the
+model's guards over a range and asks for a multiple of a stride instead (wav2vec2: samples
+``= 10*k``), the dim is exported as ``Dim.DYNAMIC`` with the same bounds, and every guard is
+checked at every size of the ranges (:mod:`aot.tracing.export_guards`), since no artifact
+re-checks them.
 
 Export is non-strict (``strict=False``): the model's Python runs normally and
 only tensor operations are recorded, as ATen ops. The returned module is
@@ -37,7 +41,8 @@ import torch.fx
 from aot.errors import TraceError, first_line
 from aot.quiet import quiet_torch
 
-from .dim_narrowing import narrowed_default_range
+from .export_guards import check_guards_over_ranges
+from .dim_narrowing import narrowed_default_range, unproven_dim
 from .dummy_inputs import forward_parameters
 from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
 from .scope import Scope, qualified_type_name
@@ -82,15 +87,18 @@ def _configs(config: Any) -> list[Any]:
 INFERRED = "inferred"  # a dim_ranges value: torch.export works the size out from the other dims
 
 
-def export_dim(name: str, bounds: tuple[int | None, int | None] | str) -> Any:
+def export_dim(name: str, bounds: tuple[int | None, int | None] | str, unproven: bool = False) -> Any:
     """The ``torch.export`` dim for ``(min, max)`` (either may be None), or ``Dim.AUTO`` for :data:`INFERRED`.
 
+    ``unproven``: a ``Dim.DYNAMIC`` hint with the same bounds, for a dim whose guards torch.export's
+    solver cannot prove over the range (:func:`aot.tracing.dim_narrowing.unproven_dim`).
     The export frontend and the ONNX exporter both state their dims through it.
     """
     if bounds == INFERRED:  # e.g. a decoder's mask length, past + sequence, which no named Dim can state
         return torch.export.Dim.AUTO
     low, high = bounds
-    return torch.export.Dim(name, **{key: value for key, value in (("min", low), ("max", high)) if value is not None})
+    limits = {key: value for key, value in (("min", low), ("max", high)) if value is not None}
+    return torch.export.Dim.DYNAMIC(**limits) if unproven else torch.export.Dim(name, **limits)
 
 
 def _build_dims(
@@ -98,6 +106,7 @@ def _build_dims(
     example_kwargs: Mapping[str, Any],
     dynamic_dims: Mapping[str, Mapping[int, str]],
     dim_ranges: Mapping[str, tuple[int, int] | str] | None,
+    unproven: set[str] = frozenset(),
 ) -> tuple[dict[str, dict[int, Any]], dict[str, list[int | None]]]:
     dim_ranges = dict(dim_ranges or {})
     position_limit = max_positions(model)
@@ -123,7 +132,10 @@ def _build_dims(
             current = ranges.setdefault(dim_name, [low, high])
             if high is not None and (current[1] is None or high < current[1]):
                 current[1] = high
-    dims = {name: export_dim(name, INFERRED if dim_ranges.get(name) == INFERRED else bounds) for name, bounds in ranges.items()}
+    dims = {
+        name: export_dim(name, INFERRED if dim_ranges.get(name) == INFERRED else bounds, name in unproven)
+        for name, bounds in ranges.items()
+    }
     shapes: dict[str, dict[int, Any]] = {}
     for input_name in example_kwargs:
         axes = (dynamic_dims or {}).get(input_name)
@@ -140,6 +152,52 @@ def _scope_of(node: torch.fx.Node, root_scope: Scope) -> Scope:
         module_type = qualified_type_name(module_type)
     path = path.replace("L['self'].", "").replace("L['self']", "")
     return Scope(path, str(module_type))
+
+
+def _check_unproven_ranges(
+    program: torch.export.ExportedProgram,
+    dynamic_dims: Mapping[str, Mapping[int, str]],
+    ranges: dict[str, list[int | None]],
+    unproven: set[str],
+    given: Mapping[str, Any],
+    notes: list[str],
+) -> None:
+    """A ``Dim.DYNAMIC`` dim stays dynamic; a range torch.export narrowed is noted, or refused if the caller gave it."""
+    values = {node.name: node.meta.get("val") for node in program.graph.find_nodes(op="placeholder")}
+    for input_name, axes in dynamic_dims.items():
+        for axis, name in axes.items():
+            value = values.get(input_name)
+            if name not in unproven or not isinstance(value, torch.Tensor):
+                continue
+            size = value.shape[int(axis)]
+            if not isinstance(size, torch.SymInt):
+                raise TraceError(f"torch.export specialised dynamic dim '{name}' of input '{input_name}' to {size}")
+            bound = program.range_constraints.get(size.node.expr)
+            low, high = ranges[name]
+            exported = (_as_int(bound.lower), _as_int(bound.upper)) if bound is not None else (low, high)
+            if exported == (low, high) or (high is None and exported[0] == low):
+                continue
+            if any(value is not None for value in given.get(name, (None, None))):
+                raise TraceError(f"torch.export narrows dynamic dim '{name}' to {exported[0]}..{exported[1]}, inside the range given ({low}..{high})")
+            ranges[name] = list(exported)
+            notes.append(f"dynamic dim '{name}' narrowed to {exported[0]}..{exported[1]} by torch.export's guards")
+
+
+def _as_int(bound: Any) -> int | None:
+    """A sympy bound of a range as an int; None for infinity (sympy's, or torch's int_oo)."""
+    try:
+        return int(bound)
+    except (TypeError, AttributeError, OverflowError, ValueError):
+        return None
+
+
+def _unproven_note(name: str, bounds: list[int | None]) -> str:
+    low, high = bounds
+    return (
+        f"dynamic dim '{name}' ({low} to {'no maximum' if high is None else high}) is exported as Dim.DYNAMIC: torch.export "
+        "could not prove the model's guards over it and asked for a multiple of a stride; the range is kept and the "
+        "guards are checked over it"
+    )
 
 
 @contextlib.contextmanager
@@ -180,8 +238,9 @@ def export_trace(
         if experts_note:
             notes.append(experts_note)
         try:
+            unproven: set[str] = set()
             for attempt in range(_NARROWING_ATTEMPTS + 1):
-                dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, given)
+                dynamic_shapes, ranges = _build_dims(model, example_kwargs, dynamic_dims or {}, given, unproven)
                 try:
                     # Under no_grad, as the artifacts run: a model's own no_grad blocks (Llama's rotary
                     # embedding) then match the ambient mode and are inlined, not kept as
@@ -192,18 +251,33 @@ def export_trace(
                         )
                     break
                 except Exception as error:
-                    narrowed = narrowed_default_range(str(error), ranges, dim_ranges or {}) if attempt < _NARROWING_ATTEMPTS else None
-                    if narrowed is None:
+                    if attempt == _NARROWING_ATTEMPTS:
                         raise
-                    name, low, high, note = narrowed
-                    given[name] = (low, high)
-                    notes.append(note)
+                    narrowed = narrowed_default_range(str(error), ranges, dim_ranges or {})
+                    if narrowed is not None:
+                        name, low, high, note = narrowed
+                        given[name] = (low, high)
+                        notes.append(note)
+                        continue
+                    name = unproven_dim(str(error), ranges)
+                    if name is None or name in unproven:
+                        raise
+                    unproven.add(name)
+                    notes.append(_unproven_note(name, ranges[name]))
         except Exception as error:  # torch.export raises many types; report one line
             location = raised_at(error)
             where = f" at {location}" if location is not None else ""
             raise TraceError(
                 f"torch.export failed on {type(model).__name__}{where}: {type(error).__name__}: {first_line(error)[:400]}"
             ) from error
+    if unproven:
+        _check_unproven_ranges(program, dynamic_dims or {}, ranges, unproven, dim_ranges or {}, notes)
+        guards = getattr(program, "_guards_code", None)
+        if guards is None:
+            raise TraceError(f"torch.export could not prove its guards over dim(s) {', '.join(sorted(unproven))}, and this torch does not list them")
+        checked = check_guards_over_ranges(guards, example_kwargs, dynamic_dims or {}, ranges)
+        if checked:
+            notes.append(checked)
     gm = program.module()
     root_scope = Scope("", qualified_type_name(model))
     for node in gm.graph.nodes:

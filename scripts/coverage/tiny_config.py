@@ -85,9 +85,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "mobilevit": {"image_size": 64, "hidden_sizes": [16, 24, 32], "neck_hidden_sizes": [8, 8, 16, 16, 24, 24, 48],
                   "aspp_out_channels": 16},
     # The speech encoders' feature extractor: two convolutions (their three lists agree in length),
-    # a narrow positional convolution, and a small x-vector head and codebook.
+    # a narrow positional convolution, and a small x-vector head and codebook. The x-vector's TDNN is undilated:
+    # with its default dilations (1, 2, 3) it reads 15 frames, more than the table's shortest input (11).
     "wav2vec2": {"conv_dim": [16, 16], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_conv_pos_embeddings": 16,
-                 "num_conv_pos_embedding_groups": 2, "tdnn_dim": [16, 16, 16, 16, 32], "num_codevectors_per_group": 8},
+                 "num_conv_pos_embedding_groups": 2, "tdnn_dim": [16, 16, 16, 16, 32], "tdnn_dilation": [1, 1, 1, 1, 1],
+                 "num_codevectors_per_group": 8},
     "hubert": {"conv_dim": [16, 16], "conv_stride": [5, 2], "conv_kernel": [10, 3], "num_conv_pos_embeddings": 16,
                "num_conv_pos_embedding_groups": 2},
     # T5's checkpoints start the decoder at the pad token (decoder_start_token_id: 0), which transformers 5's
