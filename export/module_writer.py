@@ -188,10 +188,18 @@ def _forward_code(gm: torch.fx.GraphModule, replacements: dict[int, str]):
         graph._codegen = _StandaloneCodeGen(list(info.orig_args), info.out_spec)
     elif type(original) is not CodeGen:
         raise ExportError(f"graph code generator {type(original).__name__} is not supported")
+    # fx marks the calls of autowrapped functions (math.prod on traced sizes) and, for them, writes a
+    # module-level ``torch.fx.wrap("math_prod")`` into the code, so that re-tracing keeps them whole; the
+    # forward goes into a class body, where that call fails, and the saved module is run, not re-traced.
+    wrapped = [node for node in graph.nodes if node.meta.get("is_wrapped")]
+    for node in wrapped:
+        node.meta["is_wrapped"] = False
     try:
         return graph.python_code(root_module="self")
     finally:
         graph._codegen = original
+        for node in wrapped:
+            node.meta["is_wrapped"] = True
 
 
 def _is_keyword_spec(spec: pytree.TreeSpec | None, count: int) -> bool:

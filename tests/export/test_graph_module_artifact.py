@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,23 @@ def test_save_leaves_no_temporary_files(tmp_path: Path):
     gm = torch.fx.symbolic_trace(models.convnet())
     save_graph_module(gm, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json", "module.py", "weights.safetensors"]
+
+
+class ProductOfSizes(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(x.shape[0], math.prod(x.shape[1:]))  # math is autowrapped: a call_function on traced sizes
+
+
+def test_an_autowrapped_math_call_saves_and_runs_at_other_shapes(tmp_path):
+    from aot.tracing import symbolic_trace
+
+    gm = symbolic_trace(ProductOfSizes(), ["x"], dummy_inputs={"x": torch.randn(2, 3, 4)})
+    wrapped = [node for node in gm.graph.nodes if node.meta.get("is_wrapped")]
+    assert [node.target for node in wrapped] == [math.prod], "precondition: fx writes a module-level wrap() for it"
+
+    save_graph_module(gm, tmp_path)
+
+    assert "torch.fx._symbolic_trace.wrap" not in (tmp_path / "module.py").read_text()
+    assert all(node.meta["is_wrapped"] for node in wrapped), "the caller's graph is as it was"
+    x = torch.randn(3, 5, 2)
+    torch.testing.assert_close(load(tmp_path)(x=x), x.reshape(3, 10))
