@@ -17,6 +17,7 @@ from aot.errors import AotError
 from aot.outputs import flatten_outputs
 from aot.tracing import export_trace, symbolic_trace
 from aot.tracing.dummy_inputs import default_input_names
+from aot.tracing.shape_check import same_random_draws
 from aot.validate import compare_outputs, eager_outputs
 
 from .architectures import find_class
@@ -48,8 +49,9 @@ def check_at_shapes(model: torch.nn.Module, graph_module: torch.fx.GraphModule, 
     names = default_input_names(model)
     for batch, sequence in SHAPES:
         inputs = inputs_at(model, names, batch, sequence)
-        expected = eager_outputs(model, inputs)
-        with torch.no_grad():
+        with same_random_draws():
+            expected = eager_outputs(model, inputs)
+        with torch.no_grad(), same_random_draws():
             actual = flatten_outputs(graph_module(**inputs))
         comparison = compare_outputs(frontend, f"batch {batch}, sequence {sequence}", expected, actual, ATOL, RTOL)
         if not comparison.ok:

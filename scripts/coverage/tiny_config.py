@@ -73,10 +73,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "swin": {"embed_dim": 16, "depths": [1, 1], "num_heads": [2, 4], "window_size": 4, "patch_size": 4, "encoder_stride": 8},
     "donut-swin": {"embed_dim": 16, "depths": [1, 1], "num_heads": [2, 4], "window_size": 4, "patch_size": 4},
     # Hiera pools queries between stages over masked units: 64 pixels in strides of 4 are 16 x 16
-    # tokens, 2 x 2 units of 8 x 8; one pooling between its two stages.
+    # tokens, 4 x 4 units of 4 x 4; two poolings between its three stages. (With two stages and one
+    # pooling, its pretraining head fails in eager: the decoder's unit shape assumes more poolings.)
     # Its pretraining head's decoder has no default size.
-    "hiera": {"image_size": [64, 64], "embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "num_query_pool": 1,
-              "masked_unit_attention": [True, False], "decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 2},
+    "hiera": {"image_size": [64, 64], "embed_dim": 16, "depths": [1, 1, 1], "num_heads": [1, 2, 2], "num_query_pool": 2,
+              "masked_unit_size": [4, 4], "masked_unit_attention": [True, True, False], "decoder_hidden_size": 32,
+              "decoder_depth": 1, "decoder_num_heads": 2},
     # Two encoder blocks, every per-block list cut to two.
     "segformer": {"num_encoder_blocks": 2, "depths": [1, 1], "sr_ratios": [2, 1], "hidden_sizes": [16, 32],
                   "patch_sizes": [7, 3], "strides": [4, 2], "num_attention_heads": [1, 2], "mlp_ratios": [2, 2]},
