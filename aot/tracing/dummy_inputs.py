@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -56,7 +57,14 @@ def default_input_names(model: torch.nn.Module) -> list[str]:
         names.append("pixel_values")  # a dual encoder (CLIP, SigLIP): its forward embeds text and images both
     if main == "input_ids" and "visual_feats" in parameters and getattr(config, "visual_feat_dim", None):
         names += ["visual_feats", "visual_pos"]  # LXMERT: region features and boxes beside the text, both required
+    # Any other input the forward cannot do without (a decision head's marks and question types).
+    names += [name for name in _required_parameters(model) if name not in names]
     return names
+
+
+def _required_parameters(model: torch.nn.Module) -> list[str]:
+    signature = inspect.signature(model.forward)
+    return [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty]
 
 
 def _audio_samples(config, frames: int) -> int:
@@ -97,6 +105,27 @@ def _is_head(model: torch.nn.Module, *heads: str) -> bool:
 
 def _labels_one_per_example(model: torch.nn.Module) -> bool:
     return _is_head(model, *_ONE_LABEL_PER_EXAMPLE)
+
+
+_DECISION_INPUTS = ("marks", "num_options", "question_type_ids")
+DECISION_QUESTIONS = 2
+
+
+def _decision_input(name: str, config: Any, batch: int, sequence: int, generator: torch.Generator) -> torch.Tensor:
+    """One of a decision head's per-question inputs, ``(batch, DECISION_QUESTIONS)``.
+
+    ``marks``: the 1-based position of the mark that ends each question (the head reads the token
+    before it), ascending, the last at the end of the prompt; ``num_options``: two per question,
+    which every question type's rows hold; ``question_type_ids``: a type each, among the
+    config's ``offsets`` (the first row of each type's options).
+    """
+    if name == "marks":
+        ends = torch.linspace(max(sequence // DECISION_QUESTIONS, 1), sequence, DECISION_QUESTIONS).round().long()
+        return ends.expand(batch, DECISION_QUESTIONS).clone()
+    if name == "num_options":
+        return torch.full((batch, DECISION_QUESTIONS), 2, dtype=torch.long)
+    types = len(getattr(config, "offsets", None) or {0: 0})
+    return torch.randint(0, types, (batch, DECISION_QUESTIONS), generator=generator)
 
 
 def pools_at_eos(model: torch.nn.Module) -> bool:
@@ -187,6 +216,8 @@ def make_dummy_inputs(
             width = "embedding_size" if name != "encoder_hidden_states" and getattr(text, "embedding_size", None) else "hidden_size"
             hidden = getattr(text, width, None) or getattr(text, "d_model")
             inputs[name] = torch.randn(batch, length, hidden, generator=generator)
+        elif name in _DECISION_INPUTS:  # a decision head (JevForDecision) scores the questions marked in row 0's prompt
+            inputs[name] = _decision_input(name, config, batch, sequence, generator)
         elif name == "past_key_values":
             raise TraceError(
                 f"input 'past_key_values' of {type(model).__name__}: a KV cache is an object, not a tensor a graph can take; "

@@ -175,6 +175,12 @@ def model_config(model_type: str, model_class: type | None = None) -> dict[str, 
     for key, sub_class in (getattr(config_class, "sub_configs", {}) or {}).items():
         if wanted is not None and sub_class is wanted and wanted is not config_class:
             return {"model_type": wanted.model_type, **overrides.get(key, {})}
+    if wanted is not None and wanted is not config_class and "text_config" in (getattr(wanted, "sub_configs", {}) or {}):
+        # A head whose config wraps this architecture's as its text model (qwen2's JevForDecision, a JevConfig),
+        # as wide as it.
+        text = {"model_type": model_type, **overrides}
+        width = text.get("hidden_size") or getattr(AutoConfig.for_model(model_type, **overrides), "hidden_size")
+        return {"model_type": wanted.model_type, "text_config": text, "hidden_size": width}
     return {"model_type": model_type, **overrides}
 
 

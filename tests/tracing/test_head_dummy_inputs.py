@@ -219,3 +219,31 @@ def test_a_kv_cache_input_name_points_to_the_flat_cache_step():
     model = _model(transformers.LlamaForCausalLM, config)
     with pytest.raises(TraceError, match=r"input 'past_key_values' of LlamaForCausalLM.*FlatCacheDecoder"):
         symbolic_trace(model, ["input_ids", "past_key_values"])
+
+
+def test_a_decision_head_gets_its_marked_questions_and_traces_on_both_frontends():
+    from transformers.models.jev.configuration_jev import JevConfig
+    from transformers.models.jev.modeling_jev import JevForDecision
+
+    from aot.tracing import export_trace
+    from aot.tracing.dummy_inputs import default_input_names
+
+    text = transformers.Qwen2Config(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=64)
+    model = _model(JevForDecision, JevConfig(text_config=text.to_dict(), hidden_size=32))
+    names = default_input_names(model)
+    assert names[0] == "input_ids" and set(names[1:]) >= {"marks", "num_options", "question_type_ids"}, names
+    inputs = make_dummy_inputs(model, names, batch=2, sequence=16)
+    assert inputs["marks"][0].tolist() == [8, 16], "each question's mark, the last at the prompt's end"
+
+    dims = {name: {0: "batch", 1: "sequence" if name in ("input_ids", "attention_mask") else "questions"} for name in names}
+    graphs = {"fx": symbolic_trace(model), "export": export_trace(model, inputs, dims)}
+
+    for batch, sequence in SHAPES:
+        case = make_dummy_inputs(model, names, batch=max(batch, 2), sequence=sequence)
+        with torch.no_grad():
+            expected = model(**case)
+            assert expected.shape == (4,), "two questions of two options each, scored"
+            for frontend, graph_module in graphs.items():
+                actual = graph_module(**case)
+                torch.testing.assert_close(actual if isinstance(actual, torch.Tensor) else next(iter(actual.values())), expected, msg=frontend)
