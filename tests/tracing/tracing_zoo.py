@@ -19,6 +19,14 @@ VOCAB = 99
 TEXT_SHAPES = [(2, 16), (1, 5), (3, 23)]
 
 
+def assert_built_and_validated(report) -> None:
+    """A build report whose GraphModule and ONNX model were both validated, at three shapes or more."""
+    assert report.ok
+    artifacts = {comparison.artifact for comparison in report.validation}
+    assert {"graph_module", "onnx"} <= artifacts, artifacts
+    assert len({comparison.shape for comparison in report.validation}) >= 3
+
+
 def _text_inputs(names, batch, seq, decoder_seq=None, type_vocab=2):
     generator = torch.Generator().manual_seed(batch * 100 + seq)
     inputs = {}
