@@ -108,11 +108,11 @@ def _labels_one_per_example(model: torch.nn.Module) -> bool:
 
 
 _DECISION_INPUTS = ("marks", "num_options", "question_type_ids")
-DECISION_QUESTIONS = 2
+_DECISION_QUESTIONS = 2
 
 
 def _decision_input(name: str, config: Any, batch: int, sequence: int, generator: torch.Generator) -> torch.Tensor:
-    """One of a decision head's per-question inputs, ``(batch, DECISION_QUESTIONS)``.
+    """One of a decision head's per-question inputs, ``(batch, _DECISION_QUESTIONS)``.
 
     ``marks``: the 1-based position of the mark that ends each question (the head reads the token
     before it), ascending, the last at the end of the prompt; ``num_options``: two per question,
@@ -120,12 +120,12 @@ def _decision_input(name: str, config: Any, batch: int, sequence: int, generator
     config's ``offsets`` (the first row of each type's options).
     """
     if name == "marks":
-        ends = torch.linspace(max(sequence // DECISION_QUESTIONS, 1), sequence, DECISION_QUESTIONS).round().long()
-        return ends.expand(batch, DECISION_QUESTIONS).clone()
+        ends = torch.linspace(max(sequence // _DECISION_QUESTIONS, 1), sequence, _DECISION_QUESTIONS).round().long()
+        return ends.expand(batch, _DECISION_QUESTIONS).clone()
     if name == "num_options":
-        return torch.full((batch, DECISION_QUESTIONS), 2, dtype=torch.long)
+        return torch.full((batch, _DECISION_QUESTIONS), 2, dtype=torch.long)
     types = len(getattr(config, "offsets", None) or {0: 0})
-    return torch.randint(0, types, (batch, DECISION_QUESTIONS), generator=generator)
+    return torch.randint(0, types, (batch, _DECISION_QUESTIONS), generator=generator)
 
 
 def pools_at_eos(model: torch.nn.Module) -> bool:

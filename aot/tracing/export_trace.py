@@ -41,9 +41,9 @@ import torch.fx
 from aot.errors import TraceError, first_line
 from aot.quiet import quiet_torch
 
-from .export_guards import check_guards_over_ranges
 from .dim_narrowing import narrowed_default_range, unproven_dim
 from .dummy_inputs import forward_parameters
+from .export_guards import check_guards_over_ranges
 from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
 from .scope import Scope, qualified_type_name
 from .source_location import raised_at
@@ -177,10 +177,10 @@ def _check_unproven_ranges(
             exported = (_as_int(bound.lower), _as_int(bound.upper)) if bound is not None else (low, high)
             if exported == (low, high) or (high is None and exported[0] == low):
                 continue
-            if any(value is not None for value in given.get(name, (None, None))):
-                raise TraceError(f"torch.export narrows dynamic dim '{name}' to {exported[0]}..{exported[1]}, inside the range given ({low}..{high})")
+            if any(end is not None for end in given.get(name, (None, None))):
+                raise TraceError(f"torch.export narrows dynamic dim '{name}' to {_span(*exported)}, inside the range given ({_span(low, high)})")
             ranges[name] = list(exported)
-            notes.append(f"dynamic dim '{name}' narrowed to {exported[0]}..{exported[1]} by torch.export's guards")
+            notes.append(f"dynamic dim '{name}' narrowed to {_span(*exported)} by torch.export's guards")
 
 
 def _as_int(bound: Any) -> int | None:
@@ -191,10 +191,13 @@ def _as_int(bound: Any) -> int | None:
         return None
 
 
+def _span(low: int | None, high: int | None) -> str:
+    return f"{low} to {'no maximum' if high is None else high}"
+
+
 def _unproven_note(name: str, bounds: list[int | None]) -> str:
-    low, high = bounds
     return (
-        f"dynamic dim '{name}' ({low} to {'no maximum' if high is None else high}) is exported as Dim.DYNAMIC: torch.export "
+        f"dynamic dim '{name}' ({_span(*bounds)}) is exported as Dim.DYNAMIC: torch.export "
         "could not prove the model's guards over it and asked for a multiple of a stride; the range is kept and the "
         "guards are checked over it"
     )
