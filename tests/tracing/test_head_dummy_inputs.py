@@ -6,6 +6,7 @@ import pytest
 import torch
 import transformers
 
+from aot.outputs import flatten_outputs
 from aot.tracing import symbolic_trace
 from aot.tracing.dummy_inputs import make_dummy_inputs
 
@@ -209,6 +210,26 @@ def test_a_video_model_gets_one_clip_of_its_frames():
     case = make_dummy_inputs(model, ["pixel_values_videos"], batch=3)
     with torch.no_grad():
         torch.testing.assert_close(graph_module(**case)["logits"], model(**case).logits)
+
+
+def test_the_video_base_model_traces_its_predictor_masks_of_data_dependent_size_on_fx():
+    config = transformers.VJEPA2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, mlp_ratio=2, crop_size=32, patch_size=16,
+                                       frames_per_clip=4, tubelet_size=2, pred_hidden_size=32, pred_num_hidden_layers=1,
+                                       pred_num_attention_heads=4)
+    model = _model(transformers.VJEPA2Model, config)
+
+    graph_module = symbolic_trace(model, ["pixel_values_videos"])
+
+    unbacked = [node for node in graph_module.graph.nodes
+                if isinstance(node.meta.get("val"), torch.Tensor) and any(not isinstance(size, int) for size in node.meta["val"].shape)]
+    assert unbacked, "precondition: the predictor's masks have sizes that depend on data"
+    for batch in (1, 2, 3):
+        case = {"pixel_values_videos": torch.randn(batch, 4, 3, 32, 32)}
+        with torch.no_grad():
+            expected, actual = flatten_outputs(model(**case)), flatten_outputs(graph_module(**case))
+        assert "predictor_output.last_hidden_state" in expected and set(actual) == set(expected)
+        for name, value in expected.items():
+            torch.testing.assert_close(actual[name], value, msg=name)
 
 
 def test_a_kv_cache_input_name_points_to_the_flat_cache_step():
