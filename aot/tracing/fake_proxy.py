@@ -9,8 +9,8 @@ created. Operations still go into the graph; only Python-level conversions
 concretely, and the tracer records each one as a *decision* in the trace report.
 
 A conversion of a value that depends on tensor *data* (``bool(mask.any())``,
-``int(t.sum())``) cannot be resolved: it raises a one-line ``TraceError``
-naming the user's source line.
+``int(t.sum())``, or a size of ``x.nonzero()``) cannot be resolved: it raises a
+one-line ``TraceError`` naming the user's source line.
 """
 
 from __future__ import annotations

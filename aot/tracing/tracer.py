@@ -12,6 +12,11 @@ Shapes, dtypes and devices stay symbolic (they are graph nodes read from the
 tensors at run time), so a graph traced at one shape runs at others, and
 ``gm.to(torch.bfloat16)`` / ``gm.to(device)`` work.
 
+An op whose output *size* depends on data (``nonzero``, ``unique_consecutive``, boolean
+indexing) gets an unbacked size symbol from the fake mode's ``ShapeEnv``, as under
+torch.export: the op stays in the graph, the graph follows the data at run time, and only
+a Python decision on such a size (``if x.nonzero().shape[0] > 1``) fails, naming the line.
+
 Tracer hooks used here:
 
 - ``create_proxy``: compute the fake value of each new node (``node.meta["val"]``
