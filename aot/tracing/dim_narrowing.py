@@ -60,6 +60,19 @@ def unproven_dim(message: str, ranges: Mapping[str, list[int | None]]) -> str | 
     return None
 
 
+def suggested_ranges(message: str) -> str:
+    """torch.export's plain suggested ranges, as ``"sequence: min 3, max 32"`` (empty if it suggests none)."""
+    if "Suggested fixes:" not in message:
+        return ""
+    found = []
+    for match in _SUGGESTION.finditer(message.split("Suggested fixes:", 1)[1]):
+        name, low, high = match.groups()
+        bounds = [f"min {low}"] if low else []
+        bounds += [f"max {high}"] if high and high != "oo" else []
+        found.append(f"{name}: {', '.join(bounds) or 'unbounded'}")
+    return "; ".join(found)
+
+
 def _as_suggested(
     message: str, ranges: Mapping[str, list[int | None]], given: Mapping[str, tuple[int | None, int | None]]
 ) -> tuple[str, int, int | None, str] | None:

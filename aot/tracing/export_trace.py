@@ -41,7 +41,7 @@ import torch.fx
 from aot.errors import TraceError, first_line
 from aot.quiet import quiet_torch
 
-from .dim_narrowing import narrowed_default_range, unproven_dim
+from .dim_narrowing import narrowed_default_range, suggested_ranges, unproven_dim
 from .dummy_inputs import forward_parameters
 from .export_guards import check_guards_over_ranges
 from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
@@ -191,6 +191,12 @@ def _as_int(bound: Any) -> int | None:
         return None
 
 
+def _suggestion(error: BaseException) -> str:
+    """The dims' ranges torch.export suggests after refusing the given ones, where it names any."""
+    suggested = suggested_ranges(str(error))
+    return f" (the model's code holds on {suggested}, as torch.export suggests: give it that range)" if suggested else ""
+
+
 def _span(low: int | None, high: int | None) -> str:
     return f"{low} to {'no maximum' if high is None else high}"
 
@@ -271,7 +277,7 @@ def export_trace(
             location = raised_at(error)
             where = f" at {location}" if location is not None else ""
             raise TraceError(
-                f"torch.export failed on {type(model).__name__}{where}: {type(error).__name__}: {first_line(error)[:400]}"
+                f"torch.export failed on {type(model).__name__}{where}: {type(error).__name__}: {first_line(error)[:400]}{_suggestion(error)}"
             ) from error
     if unproven:
         _check_unproven_ranges(program, dynamic_dims or {}, ranges, unproven, dim_ranges or {}, notes)

@@ -9,7 +9,7 @@ import transformers
 from aot.errors import TraceError
 from aot.outputs import flatten_outputs
 from aot.tracing import export_trace
-from aot.tracing.dim_narrowing import narrowed_default_range
+from aot.tracing.dim_narrowing import narrowed_default_range, suggested_ranges
 from aot.validate import eager_outputs
 from tests.tracing.tracing_zoo import EXPORT_DIMS, unpadded_token_inputs
 
@@ -109,3 +109,15 @@ def test_a_sliding_window_head_exports_on_the_range_its_code_holds_and_says_so()
             actual = flatten_outputs(graph_module(**inputs))
         for key, value in expected.items():
             torch.testing.assert_close(actual[key], value, atol=1e-5, rtol=1e-5)
+
+
+def test_a_refused_given_range_names_the_range_torch_export_suggests():
+    assert suggested_ranges(MISTRAL_QA_REFUSAL) == "seq: min 6, max 64"
+    assert suggested_ranges("Constraints violated (seq)!") == ""
+    config = transformers.MistralConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, max_position_embeddings=64, sliding_window=7, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.MistralForQuestionAnswering(config).eval()
+
+    with pytest.raises(TraceError, match=r"Constraints violated \(seq\)!.* \(the model's code holds on seq: min \d+, max 64, as torch.export suggests"):
+        export_trace(model, unpadded_token_inputs(2, 16), EXPORT_DIMS, {"batch": (1, 8), "seq": (2, 64)})
