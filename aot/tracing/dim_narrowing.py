@@ -52,9 +52,7 @@ def narrowed_default_range(
 
 def unproven_dim(message: str, ranges: Mapping[str, list[int | None]]) -> str | None:
     """The dim of a refusal whose suggested fix is a derived dim (``name = K*_name``), or None."""
-    if "Suggested fixes:" not in message:
-        return None
-    for match in _DERIVED_SUGGESTION.finditer(message.split("Suggested fixes:", 1)[1]):
+    for match in _DERIVED_SUGGESTION.finditer(_suggested_fixes(message)):
         if match.group(1) in ranges:
             return match.group(1)
     return None
@@ -62,30 +60,37 @@ def unproven_dim(message: str, ranges: Mapping[str, list[int | None]]) -> str | 
 
 def suggested_ranges(message: str) -> str:
     """torch.export's plain suggested ranges, as ``"sequence: min 3, max 32"`` (empty if it suggests none)."""
-    if "Suggested fixes:" not in message:
-        return ""
     found = []
-    for match in _SUGGESTION.finditer(message.split("Suggested fixes:", 1)[1]):
-        name, low, high = match.groups()
-        bounds = [f"min {low}"] if low else []
-        bounds += [f"max {high}"] if high and high != "oo" else []
+    for name, low, high in _suggestions(message):
+        bounds = ([f"min {low}"] if low is not None else []) + ([f"max {high}"] if high is not None else [])
         found.append(f"{name}: {', '.join(bounds) or 'unbounded'}")
     return "; ".join(found)
+
+
+def _suggested_fixes(message: str) -> str:
+    """The text after torch.export's "Suggested fixes:" (empty when it has none)."""
+    return message.split("Suggested fixes:", 1)[1] if "Suggested fixes:" in message else ""
+
+
+def _suggestions(message: str) -> list[tuple[str, int | None, int | None]]:
+    """``(dim, min, max)`` of each plain suggested range; None where torch.export gives no bound (or ``oo``)."""
+    found = []
+    for match in _SUGGESTION.finditer(_suggested_fixes(message)):
+        name, low, high = match.groups()
+        found.append((name, int(low) if low else None, int(high) if high and high != "oo" else None))
+    return found
 
 
 def _as_suggested(
     message: str, ranges: Mapping[str, list[int | None]], given: Mapping[str, tuple[int | None, int | None]]
 ) -> tuple[str, int, int | None, str] | None:
     """The range torch.export suggests for a default one, when it lies inside it."""
-    if "Suggested fixes:" not in message:
-        return None
-    for match in _SUGGESTION.finditer(message.split("Suggested fixes:", 1)[1]):
-        name, low_text, high_text = match.groups()
+    for name, suggested_low, suggested_high in _suggestions(message):
         if name not in ranges or any(bound is not None for bound in given.get(name, (None, None))):
             continue
         low, high = ranges[name]
-        new_low = int(low_text) if low_text else low
-        new_high = int(high_text) if high_text and high_text != "oo" else high
+        new_low = suggested_low if suggested_low is not None else low
+        new_high = suggested_high if suggested_high is not None else high
         inside = new_low >= low and (high is None or (new_high is not None and new_high <= high))
         if inside and (new_low, new_high) != (low, high) and (new_high is None or new_low <= new_high):
             upper = "no maximum" if new_high is None else f"max {new_high}"
