@@ -35,14 +35,19 @@ def forward_parameters(model: torch.nn.Module | type[torch.nn.Module]) -> list[s
     lower layer, so that importing :mod:`aot.tracing` pulls in neither the recipe machinery
     nor :mod:`aot.models`' offline defaults for the Hugging Face hub.
     """
+    return [parameter.name for parameter in _named_parameters(model)]
+
+
+def _named_parameters(model: torch.nn.Module | type[torch.nn.Module]) -> list[inspect.Parameter]:
     parameters = list(inspect.signature(model.forward).parameters.values())
     if isinstance(model, type):
         parameters = parameters[1:]  # self
-    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def default_input_names(model: torch.nn.Module) -> list[str]:
-    parameters = forward_parameters(model)
+    declared = _named_parameters(model)
+    parameters = [p.name for p in declared]
     config = getattr(model, "config", None)
     main = getattr(model, "main_input_name", None) or parameters[0]
     names = [main]
@@ -58,13 +63,8 @@ def default_input_names(model: torch.nn.Module) -> list[str]:
     if main == "input_ids" and "visual_feats" in parameters and getattr(config, "visual_feat_dim", None):
         names += ["visual_feats", "visual_pos"]  # LXMERT: region features and boxes beside the text, both required
     # Any other input the forward cannot do without (a decision head's marks and question types).
-    names += [name for name in _required_parameters(model) if name not in names]
+    names += [p.name for p in declared if p.default is p.empty and p.name not in names]
     return names
-
-
-def _required_parameters(model: torch.nn.Module) -> list[str]:
-    signature = inspect.signature(model.forward)
-    return [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty]
 
 
 def _audio_samples(config, frames: int) -> int:
