@@ -432,22 +432,21 @@ class HFTracer(torch.fx.Tracer):
                 f"pass dummy_inputs so the tracer knows example values, or {_DATA_DEPENDENT_HINT}"
             )
         if isinstance(value, torch.Tensor) and kind not in ("len",):
-            raise TraceError(
-                f"data-dependent control flow at {location} (module '{self.current_scope.module_path}' "
-                f"{self.current_scope.module_type}): Python needs the {kind}() of a tensor's values; {_DATA_DEPENDENT_HINT}"
-            )
+            raise self._control_flow_error(location, f"the {kind}() of a tensor's values")
         try:
             result = self._concrete(value, kind, item)
         except GuardOnDataDependentSymNode as error:
-            raise TraceError(
-                f"data-dependent control flow at {location} (module '{self.current_scope.module_path}' "
-                f"{self.current_scope.module_type}): Python needs the {kind}() of a size that depends on tensor values "
-                f"({error.cond}); {_DATA_DEPENDENT_HINT}"
-            ) from None
+            raise self._control_flow_error(location, f"the {kind}() of a size that depends on tensor values ({error.cond})") from None
         if kind == "len" and not isinstance(value, torch.Tensor):
             return result  # the length of a tuple or Size is the rank: structure, not a decision
         self.record_decision(location, kind, result)
         return result
+
+    def _control_flow_error(self, location: SourceLocation, needed: str) -> TraceError:
+        return TraceError(
+            f"data-dependent control flow at {location} (module '{self.current_scope.module_path}' "
+            f"{self.current_scope.module_type}): Python needs {needed}; {_DATA_DEPENDENT_HINT}"
+        )
 
     def _concrete(self, value: Any, kind: str, item: Any) -> Any:
         if kind == "bool":
