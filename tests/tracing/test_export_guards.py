@@ -27,10 +27,11 @@ EXAMPLE = {"input_values": torch.zeros(2, 170)}
 DIMS = {"input_values": {0: "batch", 1: "sequence"}}
 
 
-def _wav2vec2(cls=transformers.Wav2Vec2Model):
-    config = transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, conv_dim=(16, 16),
-                                         conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2, num_conv_pos_embeddings=16,
-                                         num_conv_pos_embedding_groups=2, vocab_size=20)
+def _audio_model(cls):
+    """A tiny wav2vec2-style model (wav2vec2, HuBERT): two feature convolutions, strides 5 and 2."""
+    config = cls.config_class(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, conv_dim=(16, 16),
+                              conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2, num_conv_pos_embeddings=16,
+                              num_conv_pos_embedding_groups=2, vocab_size=20)
     torch.manual_seed(0)
     return cls(config).eval()
 
@@ -66,7 +67,7 @@ def test_a_guard_with_anything_but_size_arithmetic_is_refused():
 
 @pytest.mark.parametrize("cls", [transformers.Wav2Vec2Model, transformers.Wav2Vec2ForCTC, transformers.HubertModel])
 def test_audio_exports_with_default_ranges_and_matches_eager_at_sample_counts_off_the_stride(cls):
-    model = _wav2vec2(cls) if cls is not transformers.HubertModel else _hubert()
+    model = _audio_model(cls)
     with pytest.raises(Exception, match="Constraints violated"), torch.no_grad():  # precondition: torch.export's own refusal
         torch.export.export(model, (), {"input_values": torch.randn(2, 170)}, strict=False,
                             dynamic_shapes={"input_values": {0: torch.export.Dim("b", min=1), 1: torch.export.Dim("s", min=30)}})
@@ -81,14 +82,6 @@ def test_audio_exports_with_default_ranges_and_matches_eager_at_sample_counts_of
         with torch.no_grad():
             expected = model(**inputs)
             torch.testing.assert_close(graph_module(**inputs)[next(iter(expected.keys()))], expected[0])
-
-
-def _hubert():
-    config = transformers.HubertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, conv_dim=(16, 16),
-                                       conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2, num_conv_pos_embeddings=16,
-                                       num_conv_pos_embedding_groups=2)
-    torch.manual_seed(0)
-    return transformers.HubertModel(config).eval()
 
 
 def test_a_wav2vec2_recipe_builds_on_the_export_frontend(tmp_path):
