@@ -22,6 +22,7 @@ from aot.capture import capture
 from aot.decoding.generation_check import GenerationCheck
 from aot.eager_guard import check_after_each_pass
 from aot.errors import ExportError
+from aot.imports_beside import imports_beside
 from aot.inputs import check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.manifest import MANIFEST_VERSION, describe_files, hash_files, tool_versions, write_manifest
 from aot.memory import MemoryWatch, release_freed_memory, resident_mib
@@ -113,7 +114,7 @@ def _build(
     """The spine: recipe -> model -> inputs -> trace -> passes -> artifacts, validated -> manifest."""
     recipe = loaded.recipe
     with stage("load_model"):
-        model = load_model(loaded)
+        model = load_model(loaded, while_weights_load=imports_beside(_modules_needed_next(loaded)))
         check_input_names(loaded, model)
     report.memory["weights_mib"] = round(_tensor_bytes(model) / 2**20, 1)
     with stage("make_inputs"):
@@ -171,6 +172,24 @@ def _build(
         _note_time_and_memory(report, memory, started)
         manifest_path = _write(write_manifest, staging, _manifest(loaded, report))
         report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+
+
+# What the ONNX export (in its forked child, on the critical path) and the artifact checks import
+# first: with these imported, the export child imported 0.03 s more where it had imported 0.53 s.
+_EXPORT_MODULES = (
+    "aot.export",
+    "torch.export._trace",
+    "torch._functorch.aot_autograd",
+    "torch.onnx._internal.exporter._core",
+    "onnxscript.function_libs.torch_lib.ops",
+    "onnxscript.optimizer",
+    "onnxscript.rewriter.ort_fusions",
+    "onnxruntime",
+)
+
+
+def _modules_needed_next(loaded: LoadedRecipe) -> tuple[str, ...]:
+    return _EXPORT_MODULES if loaded.recipe.export.onnx.enabled else ()
 
 
 def _add(report: BuildReport, checked: tuple[list[Comparison], list[AccuracyResult]]) -> None:

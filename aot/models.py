@@ -19,6 +19,7 @@ import logging
 import os
 import pickle
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 WEIGHTS_SUFFIXES = (".safetensors", ".bin")
 
 
-def load_model(loaded: LoadedRecipe) -> torch.nn.Module:
+def load_model(loaded: LoadedRecipe, while_weights_load: AbstractContextManager[Any] | None = None) -> torch.nn.Module:
+    """The recipe's eager model, in eval mode, on its device and dtype.
+
+    ``while_weights_load`` is entered while a transformers model draws or reads its weights, once
+    its class is imported (:func:`aot.imports_beside.imports_beside` imports the export stack
+    there). A factory is the recipe's own code, and runs alone.
+    """
     spec = loaded.recipe.model
     device = _available_device(loaded)
     torch.manual_seed(spec.seed)
@@ -45,7 +52,8 @@ def load_model(loaded: LoadedRecipe) -> torch.nn.Module:
         model = _from_factory(loaded)
     else:
         blueprint = model_blueprint(loaded)  # checks config, input names and sizes before any weight exists
-        model = _from_config(loaded, blueprint) if spec.config is not None else _from_pretrained(loaded, blueprint)
+        with while_weights_load or nullcontext():
+            model = _from_config(loaded, blueprint) if spec.config is not None else _from_pretrained(loaded, blueprint)
     model = model.to(device=device, dtype=getattr(torch, spec.dtype)).eval()
     log.info("loaded %s with %d parameters", type(model).__name__, sum(p.numel() for p in model.parameters()))
     if is_decoder_with_cache(loaded):  # the build's model is then the KV-cache step around it

@@ -27,10 +27,17 @@ import torch
 
 from aot.forked import ForkedStep
 from aot.inputs import ShapeCase
+from aot.outputs import graph_output_names
 from aot.recipe_schema import OnnxSpec, ModelSpec
 from aot.validate import run_module
 
 log = logging.getLogger(__name__)
+
+
+def _output_names_by_running(graph_module: torch.fx.GraphModule, cases: list[ShapeCase]) -> list[str]:
+    # The names do not depend on the shape: the smallest case finds them fastest.
+    smallest = min(cases, key=lambda case: sum(t.numel() for t in case.inputs.values() if isinstance(t, torch.Tensor)))
+    return list(run_module(graph_module, smallest))
 
 
 class OnnxStage:
@@ -60,9 +67,7 @@ class OnnxStage:
             return cls(options, None)
         from aot import export
 
-        # The names do not depend on the shape: the smallest case finds them fastest.
-        smallest = min(cases, key=lambda case: sum(t.numel() for t in case.inputs.values() if isinstance(t, torch.Tensor)))
-        output_names = list(run_module(graph_module, smallest))
+        output_names = graph_output_names(graph_module) or _output_names_by_running(graph_module, cases)
         parent, eager = os.getpid(), weakref.ref(eager_model)
 
         def export_onnx() -> Any:

@@ -309,6 +309,9 @@ _LOAD_FUNCTION = f'''
 def load(directory=None, keep_freed_memory=True):
     """Build the model on the meta device, then fill it with the weights saved beside this file.
 
+    Linear layers that run on oneDNN pack their weights here, not at the first call, and the
+    file pages read for it are handed back (``pack_then_page_out`` above).
+
     ``keep_freed_memory``: set this process's malloc to keep freed blocks for reuse (see
     ``keep_freed_memory_for_reuse`` above: large activations then stop page-faulting on every call).
     """
@@ -317,9 +320,10 @@ def load(directory=None, keep_freed_memory=True):
     directory = os.path.dirname(os.path.abspath(__file__)) if directory is None else os.fspath(directory)
     with torch.device("meta"), skip_weight_init():
         model = Model()
-    load_weights(model, os.path.join(directory, "{WEIGHTS_FILE}"), ALIASES, CONSTANTS)
+    mapping = load_weights(model, os.path.join(directory, "{WEIGHTS_FILE}"), ALIASES, CONSTANTS)
     model.train(False)
     for path in TRAINING:
         model.get_submodule(path).training = True
+    pack_then_page_out(model, mapping)
     return model
 '''

@@ -77,6 +77,11 @@ def read_safetensors(path):
     The tensors are views of one copy-on-write mapping of the file, in header
     order. A malformed file raises ``ValueError``.
     """
+    return _map_safetensors(path)[1]
+
+
+def _map_safetensors(path):
+    """The file's copy-on-write mapping (an ``UntypedStorage``) and ``{name: tensor}`` in it."""
     if sys.byteorder != "little":
         raise RuntimeError("safetensors data is little-endian; this loader needs a little-endian machine")
     path = os.fspath(path)
@@ -84,7 +89,7 @@ def read_safetensors(path):
     entries = _safetensors_entries(path, header, file_size - data_start)
     # nbytes must be the file size: with 0, from_file maps nothing at all
     mapping = torch.UntypedStorage.from_file(path, shared=False, nbytes=file_size)
-    return {entry.name: _tensor_in_mapping(mapping, data_start, entry) for entry in entries}
+    return mapping, {entry.name: _tensor_in_mapping(mapping, data_start, entry) for entry in entries}
 
 
 def _read_safetensors_header(path):
@@ -261,9 +266,10 @@ def load_weights(model, path, aliases, constants):
 
     ``aliases`` maps a name to the name it shares its tensor with (tied weights are
     stored once); ``constants`` names plain tensor attributes that are neither
-    parameters nor buffers. Every tensor the model declares must be filled.
+    parameters nor buffers. Every tensor the model declares must be filled. Returns the
+    file's mapping, which the tensors are views of.
     """
-    tensors = read_safetensors(path)
+    mapping, tensors = _map_safetensors(path)
     for name, tensor in tensors.items():
         assign_tensor(model, name, tensor)
     for alias, name in aliases.items():
@@ -274,7 +280,7 @@ def load_weights(model, path, aliases, constants):
     missing = [name for name in declared if lookup_tensor(model, name).is_meta]
     if missing:
         raise RuntimeError(f"{os.path.basename(path)} holds no tensor for {', '.join(missing)}")
-    return model
+    return mapping
 
 
 # glibc mallopt parameters (malloc.h), and the values keep_freed_memory_for_reuse sets
@@ -304,6 +310,59 @@ def keep_freed_memory_for_reuse():
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
+
+
+_MADV_PAGEOUT = 21  # linux/mman.h, Linux 5.4 and later
+
+
+def pack_then_page_out(model, mapping):
+    """Pack every oneDNN linear's weight now, then let the kernel take back the pages of ``mapping`` read for it.
+
+    A packed linear computes from its oneDNN copy; its ``weight`` stays (``state_dict``, other
+    devices and dtypes read it), and the pages of the weights file read while packing would stay
+    resident beside the copy. BERT-base, loaded and run once, held 991 MiB with them and 665 MiB
+    with them paged out (AMD EPYC, Linux 6.18). ``MADV_PAGEOUT`` drops only pages the kernel can
+    read back from the file unchanged, so each weight keeps its values and is read again from
+    the file if it is ever used. Weights that are no view of ``mapping`` (the weights file's, from
+    :func:`load_weights`), kernels without ``MADV_PAGEOUT`` and systems other than Linux keep
+    their pages. Returns the number of weights paged out.
+    """
+    madvise = _madvise()
+    paged_out = 0
+    for module in model.modules():
+        pack_now = getattr(module, "pack_now", None)
+        if not callable(pack_now) or not pack_now() or madvise is None:
+            continue
+        weight = module.weight
+        if weight.untyped_storage().data_ptr() != mapping.data_ptr():
+            continue  # not a view of the weights file: its pages hold the only copy
+        start = weight.data_ptr()
+        first, end = _page_round_up(start), _page_round_down(start + weight.numel() * weight.element_size())
+        if end > first and madvise(first, end - first, _MADV_PAGEOUT) == 0:
+            paged_out += 1
+    return paged_out
+
+
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+def _page_round_up(address):
+    page = os.sysconf("SC_PAGE_SIZE")
+    return -(-address // page) * page
+
+
+def _page_round_down(address):
+    page = os.sysconf("SC_PAGE_SIZE")
+    return address // page * page
 
 
 class skip_weight_init:

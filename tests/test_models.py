@@ -219,3 +219,37 @@ def test_loading_pretrained_weights_draws_nothing_on_stderr(write_recipe, tiny_b
     model = load_model(load_recipe(recipe))
     assert type(model).__name__ == "BertModel"
     assert capfd.readouterr().err == ""
+
+
+class _Entered:
+    """Records when it is entered and left."""
+
+    def __init__(self):
+        self.events: list[str] = []
+
+    def __enter__(self):
+        self.events.append("enter")
+
+    def __exit__(self, *exc_info):
+        self.events.append("exit")
+
+
+def test_while_weights_load_is_entered_around_the_weights_of_a_config_model(write_recipe, no_weights):
+    beside = _Entered()
+    with pytest.raises(WeightsBuilt):  # the weights are built inside it: it was entered, and left on the error
+        load_model(load_recipe(write_recipe()), while_weights_load=beside)
+    assert beside.events == ["enter", "exit"]
+
+
+@pytest.mark.parametrize("kind", ["safetensors"])
+def test_while_weights_load_is_entered_around_pretrained_weights(write_recipe, tiny_bert_weights, kind):
+    beside = _Entered()
+    model = load_model(load_recipe(_pretrained_recipe(write_recipe, tiny_bert_weights, kind)), while_weights_load=beside)
+    assert type(model).__name__ == "BertModel" and beside.events == ["enter", "exit"]
+
+
+def test_a_factory_runs_alone(write_recipe):
+    beside = _Entered()
+    load_model(load_recipe(write_recipe(FACTORY.format(factory="tests.models:noisy_linear", kwargs="{features: 8}"))),
+               while_weights_load=beside)
+    assert beside.events == []

@@ -28,7 +28,8 @@ than MKL's behind ``F.linear`` on AVX-512 CPUs. Everywhere else it falls back to
 ``torch.export`` (hence ONNX export) and ``torch.compile`` see when they trace it.
 
 The packed copy is derived state, never saved: it is not in ``state_dict``,
-is dropped by ``copy.deepcopy``/pickling and by ``.to()``, and is rebuilt
+is dropped by ``copy.deepcopy``/pickling and by a ``.to()`` that moves or
+converts ``weight`` (one that leaves it as it is keeps it), and is rebuilt
 whenever ``weight`` is a different tensor, has new storage, or was changed in
 place (its version counter moved), e.g. by ``load_state_dict``. (An inference
 tensor has no version counter: an in-place edit of one made inside
@@ -153,16 +154,25 @@ class OneDNNLinear(torch.nn.Module):
             return _onednn_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         return weight.dtype == torch.float32 and _onednn_available()
 
-    def _repack_after_load(self, incompatible_keys) -> None:
+    def pack_now(self) -> bool:
+        """Pack ``weight`` now rather than at the first call; whether the oneDNN path can use it here."""
         self._packed = None
-        if self._packable():
-            self.packed_weight()
+        if not self._packable():
+            return False
+        self.packed_weight()
+        return True
+
+    def _repack_after_load(self, incompatible_keys) -> None:
+        self.pack_now()
 
     # -- derived state stays out of copies, pickles and moves -------------------------------
 
     def _apply(self, fn, recurse=True):
-        self._packed = None
-        return super()._apply(fn, recurse)
+        module = super()._apply(fn, recurse)
+        cached = self._packed
+        if cached is not None and not (cached[0]() is self.weight and cached[1] == self.weight.data_ptr()):
+            self._packed = None  # moved or converted: the packed copy is of a weight this module no longer holds
+        return module
 
     def __getstate__(self):
         state = self.__dict__.copy()

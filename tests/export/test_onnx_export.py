@@ -251,3 +251,29 @@ def test_strided_initializers_are_written_row_major(tmp_path):
     ir.save(model, str(path), external_data="strided.onnx.data")
     written = onnx.numpy_helper.to_array(onnx.load(path).graph.initializer[0], base_dir=str(tmp_path))
     np.testing.assert_array_equal(written, columns)
+
+
+def test_weights_written_by_two_threads_are_the_bytes_of_a_serial_write(tmp_path):
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((64, 48), dtype=np.float32).T, rng.standard_normal((300,), dtype=np.float32),
+               rng.standard_normal((5,), dtype=np.float32), rng.standard_normal((128, 32), dtype=np.float32)]
+    values = []
+    for index, array in enumerate(weights):  # strided and contiguous, above and below the inline threshold
+        value = ir.Value(name=f"w{index}", shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.FLOAT))
+        value.const_value = ir.Tensor(array, name=f"w{index}")
+        values.append(value)
+    graph = ir.Graph([], values, nodes=[], initializers=values, opset_imports={"": 18}, name="g")
+    model = ir.Model(graph, ir_version=10)
+    onnx_export._contiguous_on_write(model)
+    (tmp_path / "threads").mkdir()
+    (tmp_path / "serial").mkdir()
+    onnx_export._save(model, tmp_path / "threads" / "model.onnx", external=True)
+    ir.save(model, str(tmp_path / "serial" / "model.onnx"), external_data="model.onnx.data")
+    assert sorted(p.name for p in (tmp_path / "threads").iterdir()) == ["model.onnx", "model.onnx.data"]
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (tmp_path / "threads" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()
+    written = onnx.load(tmp_path / "threads" / "model.onnx")
+    for tensor, array in zip(written.graph.initializer, weights, strict=True):
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor, base_dir=str(tmp_path / "threads")), array)

@@ -181,3 +181,20 @@ def test_source_is_self_contained():
     x = torch.randn(3, 12)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.gelu(F.linear(x, layer.weight)), atol=1e-5, rtol=1e-5)
+
+
+@requires_onednn
+def test_a_move_that_leaves_the_weight_as_it_is_keeps_the_pack():
+    layer = _layer("gelu")
+    assert layer.pack_now()
+    packed = layer._packed[3]
+    layer.to("cpu").to(torch.float32).eval()
+    assert layer._packed is not None and layer._packed[3] is packed
+    x = torch.randn(4, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), _expected(layer, x))
+
+
+def test_pack_now_says_whether_the_onednn_path_can_use_the_weight():
+    layer = _layer("gelu").to(torch.float64)
+    assert layer.pack_now() is False and layer._packed is None
