@@ -56,7 +56,7 @@ def save_graph_module(gm: torch.fx.GraphModule, directory: Path) -> list[Path]:
         for temporary, final in zip(staged, paths):
             os.chmod(temporary, 0o644)  # safetensors creates its file private; artifacts are for sharing
             os.replace(temporary, final)
-    except OSError as error:
+    except (OSError, safetensors.SafetensorError) as error:  # the library reports a full disk as its own error
         raise ExportError(f"cannot write the graph artifact in {directory}: {error}") from None
     finally:
         for temporary in staged:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 
 import pytest
 
 from aot.imports_beside import imports_beside
+from tests.log_messages import messages_of
 
 
 @pytest.fixture
@@ -30,28 +30,11 @@ def test_the_modules_are_imported_on_another_thread_by_the_end_of_the_block(pack
     assert not any(thread.name == "aot-imports" for thread in threading.enumerate())
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def test_a_module_that_fails_to_import_is_left_to_its_user(package):
-    logger, records = logging.getLogger("aot.imports_beside"), _Records()
-    level = logger.level
-    logger.addHandler(records)
-    logger.setLevel(logging.DEBUG)
-    try:
-        with imports_beside(["aot_no_such_module", package]):
-            pass
-    finally:
-        logger.removeHandler(records)
-        logger.setLevel(level)
+    with messages_of("aot.imports_beside") as messages, imports_beside(["aot_no_such_module", package]):
+        pass
     assert package in sys.modules  # the failure stopped nothing after it
-    assert any("aot_no_such_module" in message and "ModuleNotFoundError" in message for message in records.messages)
+    assert any("aot_no_such_module" in message and "ModuleNotFoundError" in message for message in messages)
 
 
 def test_an_error_in_the_block_still_joins_the_thread(package):

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import pytest
 
 from aot.quiet import quiet_torch
+from tests.log_messages import messages_of
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -109,15 +110,6 @@ def test_debug_shows_what_torch_reported(tmp_path, name):
 # The context manager itself, in process.
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture
 def aot_level():
     """Set the ``aot`` logger's level as ``aot --debug`` (DEBUG) or a plain run (WARNING) would."""
@@ -130,10 +122,8 @@ def aot_level():
 @pytest.fixture
 def quiet_records():
     """The messages aot.quiet logs (pytest's logging plugin is off in this project)."""
-    handler, quiet_logger = _Records(), logging.getLogger("aot.quiet")
-    quiet_logger.addHandler(handler)
-    yield handler.messages
-    quiet_logger.removeHandler(handler)
+    with messages_of("aot.quiet", level=None) as messages:
+        yield messages
 
 
 def test_quiet_torch_holds_torch_loggers_and_restores_them(aot_level):

@@ -299,6 +299,19 @@ def test_save_leaves_no_temporary_files(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json", "module.py", "weights.safetensors"]
 
 
+def test_a_weights_file_the_disk_cannot_hold_is_an_export_error_and_leaves_nothing(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)  # the library's own error type, not an OSError
+    with pytest.raises(ExportError, match=r"cannot write the graph artifact in .*No space left on device"):
+        save_graph_module(torch.fx.symbolic_trace(models.convnet()), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 class ProductOfSizes(torch.nn.Module):
     def forward(self, x):
         return x.reshape(x.shape[0], math.prod(x.shape[1:]))  # math is autowrapped: a call_function on traced sizes

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from aot.export import onnx_rules
 from aot.export.onnx_rules import ONNX_RULES, OnnxRule, apply_onnx_rules
+from tests.log_messages import messages_of
 
 from .test_split_feed_forward import _feed_forward
 
@@ -31,24 +30,8 @@ def test_only_the_targets_rules_run_and_each_is_counted():
     assert apply_onnx_rules(_feed_forward(16), "cpu") == {"split_feed_forward": 1, "sum_into_layer_norm": 0}
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def test_a_rule_that_fires_nowhere_says_why_at_debug_level():
-    logger, records = logging.getLogger(onnx_rules.__name__), _Records()
-    level = logger.level
-    logger.addHandler(records)
-    logger.setLevel(logging.DEBUG)
-    try:
+    with messages_of(onnx_rules.__name__) as messages:
         apply_onnx_rules(_feed_forward(15), "cpu")
-    finally:
-        logger.removeHandler(records)
-        logger.setLevel(level)
-    assert "split_feed_forward fired nowhere: the hidden width 15 is odd: there are no two equal halves" in records.messages
-    assert any(message.startswith("sum_into_layer_norm fired nowhere: ") for message in records.messages), records.messages
+    assert "split_feed_forward fired nowhere: the hidden width 15 is odd: there are no two equal halves" in messages
+    assert any(message.startswith("sum_into_layer_norm fired nowhere: ") for message in messages), messages
