@@ -301,14 +301,9 @@ def keep_freed_memory_for_reuse():
     memory freed below 1 GiB at the top of the heap is kept for this process rather than
     returned, so resident memory stays near its peak. Elsewhere than glibc it does nothing.
     """
-    if not sys.platform.startswith("linux"):
+    mallopt = _libc_function("mallopt", (ctypes.c_int, ctypes.c_int))
+    if mallopt is None:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False  # a C library without mallopt
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
 
 
@@ -327,7 +322,7 @@ def pack_then_page_out(model, mapping):
     :func:`load_weights`), kernels without ``MADV_PAGEOUT`` and systems other than Linux keep
     their pages. Returns the number of weights paged out.
     """
-    madvise = _madvise()
+    madvise = _libc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
     paged_out = 0
     for module in model.modules():
         pack_now = getattr(module, "pack_now", None)
@@ -343,16 +338,17 @@ def pack_then_page_out(model, mapping):
     return paged_out
 
 
-def _madvise():
+def _libc_function(name, argtypes):
+    """The C library's ``name`` returning an int, on Linux; ``None`` elsewhere or where it lacks one."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        madvise = ctypes.CDLL(None).madvise
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    madvise.restype = ctypes.c_int
-    return madvise
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
 
 
 def _page_round_up(address):

@@ -124,15 +124,19 @@ class OneDNNLinear(torch.nn.Module):
 
     def packed_weight(self) -> torch.Tensor:
         """``weight`` reordered for oneDNN, rebuilt if ``weight`` was replaced or changed since the last pack."""
+        if self._pack_is_current():
+            return self._packed[3]
         weight = self.weight
-        version = _onednn_version(weight)
-        cached = self._packed
-        if cached is not None and cached[0]() is weight and cached[1] == weight.data_ptr() and cached[2] == version:
-            return cached[3]
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.batch_size_hint)
-        self._packed = (weakref.ref(weight), weight.data_ptr(), version, packed)
+        self._packed = (weakref.ref(weight), weight.data_ptr(), _onednn_version(weight), packed)
         return packed
+
+    def _pack_is_current(self) -> bool:
+        """Whether the packed copy is of ``weight`` as it is now: the same tensor, storage and version."""
+        cached, weight = self._packed, self.weight
+        return (cached is not None and cached[0]() is weight and cached[1] == weight.data_ptr()
+                and cached[2] == _onednn_version(weight))
 
     def _use_onednn(self, input: torch.Tensor) -> bool:
         weight, bias = self.weight, self.bias
@@ -169,8 +173,7 @@ class OneDNNLinear(torch.nn.Module):
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
-        cached = self._packed
-        if cached is not None and not (cached[0]() is self.weight and cached[1] == self.weight.data_ptr()):
+        if not self._pack_is_current():
             self._packed = None  # moved or converted: the packed copy is of a weight this module no longer holds
         return module
 
