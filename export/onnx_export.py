@@ -35,6 +35,7 @@ from aot.tracing.export_trace import INFERRED, export_dim
 from aot.tracing.source_location import raised_at
 
 from .contiguous_copies import with_explicit_copies
+from .onnx_decompositions import only_needed_decompositions
 from .onnx_files import step_errors, write_checked
 from .onnx_float16 import convert_to_float16
 from .onnx_int8 import lower_int8_linears
@@ -216,7 +217,12 @@ def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimiz
     try:
         # Quieted here, not by the caller: the build runs this in a forked child, whose stderr is
         # the terminal. quiet_torch comes second, so that it holds the registration logger too.
-        with quiet_exporter_logs(), quiet_torch("torch.onnx.export"), _no_node_stack_traces():
+        with (
+            quiet_exporter_logs(),
+            quiet_torch("torch.onnx.export"),
+            _no_node_stack_traces(),
+            only_needed_decompositions(),  # not a second trace of the whole program
+        ):
             program = torch.onnx.export(
                 gm,
                 (),
