@@ -112,8 +112,10 @@ def decompose_where_needed(program: torch.export.ExportedProgram, table: Table) 
         if reason is not None:
             return reason
         traces[node] = trace
-    for node, trace in traces.items():
-        _replace(node, trace)
+    # torch's own hook renames a replaced output in the signature, which the translator reads outputs by.
+    with program.graph_module._set_replace_hook(program.graph_signature.get_replace_hook()):
+        for node, trace in traces.items():
+            _replace(node, trace, [entry.signature for entry in program.module_call_graph if entry.signature])
     if traces:
         program.graph_module.recompile()
     logger.debug("ONNX export: decomposed %d node(s) one by one", len(traces))
@@ -183,7 +185,7 @@ def _unfinished(trace: torch.fx.GraphModule, node: torch.fx.Node, table: Table, 
     return None
 
 
-def _replace(node: torch.fx.Node, trace: torch.fx.GraphModule) -> None:
+def _replace(node: torch.fx.Node, trace: torch.fx.GraphModule, signatures: list) -> None:
     graph = node.graph
     placeholders = [traced for traced in trace.graph.nodes if traced.op == "placeholder"]
     inputs = [arg for arg in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(arg, torch.fx.Node)]
@@ -195,14 +197,20 @@ def _replace(node: torch.fx.Node, trace: torch.fx.GraphModule) -> None:
             if key in node.meta:
                 inserted.meta.setdefault(key, node.meta[key])
     if isinstance(result, torch.fx.Node):
-        node.replace_all_uses_with(result)
+        _replace_uses(node, result, signatures)
     else:  # several outputs: the program reads each through getitem
         for user in list(node.users):
             if user.target is not operator.getitem:
                 raise AssertionError(f"'{user.name}' reads the outputs of '{node.name}' other than by index")
-            user.replace_all_uses_with(result[user.args[1]])
+            _replace_uses(user, result[user.args[1]], signatures)
             graph.erase_node(user)
     graph.erase_node(node)
+
+
+def _replace_uses(node: torch.fx.Node, replacement: torch.fx.Node, signatures: list) -> None:
+    for signature in signatures:  # the module call graph names a module's outputs too
+        signature.replace_all_uses_with(node, replacement)
+    node.replace_all_uses_with(replacement)
 
 
 _PROVENANCE = ("nn_module_stack", "stack_trace", "source_fn_stack", "torch_fn")

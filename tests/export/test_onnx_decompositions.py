@@ -77,6 +77,22 @@ class LinearGelu(torch.nn.Module):
         return torch.nn.functional.gelu(self.linear(x))
 
 
+def test_outputs_that_were_decomposed_keep_their_place_in_the_onnx_model(tmp_path):
+    x = torch.randn(3, 8)
+    program = _export(Reductions(), x)
+    outputs = program.graph.output_node().args[0]
+    assert outputs[2].target == torch.ops.aten.to.dtype  # an output the decomposition replaces
+    path = tmp_path / "model.onnx"
+
+    onnx_export.write_onnx(program.module(), path, {"x": x}, {"x": {0: "batch"}})
+
+    for batch in (3, 1, 7):
+        sample = torch.randn(batch, 8)
+        got = list(run_onnx(path, {"x": sample}).values())
+        for value, want in zip(got, Reductions()(sample), strict=True):
+            np.testing.assert_allclose(value, want.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_program_with_nothing_to_decompose_is_left_as_it_is(table):
     program = _export(LinearGelu(), torch.randn(3, 8))
     assert _ops(program)["aten.linear.default"] == 1
