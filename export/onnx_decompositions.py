@@ -59,6 +59,8 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
+from aot.errors import first_line
+
 logger = logging.getLogger(__name__)
 
 Table = dict[Any, Callable]
@@ -111,7 +113,7 @@ def decompose_where_needed(program: torch.export.ExportedProgram, table: Table) 
         try:
             trace = _trace_decomposed(node, table)
         except Exception as error:  # noqa: BLE001 - the whole-program retrace may still manage it
-            return f"node '{node.name}' ({node.target}) cannot be traced alone: {type(error).__name__}: {error}".splitlines()[0]
+            return f"node '{node.name}' ({node.target}) cannot be traced alone: {type(error).__name__}: {first_line(error)}"
         reason = _unfinished(trace, node, table, preserved)
         if reason is not None:
             return reason
@@ -150,8 +152,8 @@ def _not_functional_node(node: torch.fx.Node) -> str | None:
 @functools.cache
 def _size_arithmetic() -> frozenset:
     """The callables an exported program uses besides ATen ops, on sizes (and getitem): none has side effects."""
-    symbolic = (torch.sym_int, torch.sym_float, torch.sym_ite, torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_sqrt, torch.sym_sum)
-    return frozenset((*Verifier().allowed_builtin_ops(), *symbolic))
+    symbolic = (torch.sym_int, torch.sym_float, torch.sym_ite, torch.sym_max, torch.sym_min, torch.sym_not)
+    return frozenset((*Verifier().allowed_builtin_ops(), *symbolic, torch.sym_sqrt, torch.sym_sum))
 
 
 def _preserved_composites(table: Table) -> set:

@@ -134,6 +134,27 @@ def test_a_program_that_is_not_functional_is_left_for_the_whole_program_retrace(
     assert program.graph_module.code == code
 
 
+def test_a_node_that_cannot_be_traced_alone_leaves_the_program_to_the_retrace(table, monkeypatch):
+    program = _export(Reductions(), torch.randn(3, 8))
+    assert len(_pending(program, table)) >= 4
+    code = program.graph_module.code
+    traced = []
+
+    def fails_on_the_third(node, table):
+        traced.append(node.name)
+        if len(traced) == 3:
+            raise RuntimeError("no meta for this node\nsecond line")
+        return trace_decomposed(node, table)
+
+    trace_decomposed = onnx_decompositions._trace_decomposed
+    monkeypatch.setattr(onnx_decompositions, "_trace_decomposed", fails_on_the_third)
+
+    reason = decompose_where_needed(program, table)
+
+    assert reason.startswith(f"node '{traced[2]}' (") and reason.endswith("cannot be traced alone: RuntimeError: no meta for this node")
+    assert program.graph_module.code == code  # the two traced before it were not spliced in
+
+
 def test_the_exporter_gets_its_own_function_back_even_after_an_error():
     original = _fx_passes.decompose_with_registry
     with only_needed_decompositions():
