@@ -8,6 +8,8 @@
 - Weights go to one external data file ``<name>.data`` beside the model when
   the model would pass protobuf's 2 GiB limit.
 - ``aot.runtime.Int8DynamicLinear`` layers become ONNX's int8 ops (:mod:`aot.export.onnx_int8`).
+- The exporter decomposes the nodes ONNX has no translation for one by one, not by tracing
+  the whole program a second time (:mod:`aot.export.onnx_decompositions`).
 - Reproducible: node stack traces (file paths, line numbers) are dropped; nothing
   else the exporter writes varies between two exports of the same graph.
 - Written all or nothing and checked (``onnx.checker``, full check) by

@@ -59,9 +59,7 @@ def test_the_nodes_that_need_it_are_decomposed_as_the_whole_program_retrace_deco
     assert _pending(program, table) == []
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):
         retraced = _export(Reductions(), x).run_decompositions(table)
-    assert _ops(program) - Counter({"aten._assert_tensor_metadata.default": 1}) == _ops(retraced) - Counter(
-        {"aten._assert_tensor_metadata.default": 1}
-    )
+    assert _ops(program) == _ops(retraced)
     for batch in (3, 1, 7):
         sample = torch.randn(batch, 8)
         for got, want in zip(program.module()(x=sample), Reductions()(sample), strict=True):
