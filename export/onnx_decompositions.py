@@ -71,13 +71,10 @@ def only_needed_decompositions() -> Iterator[None]:
     """Inside, ``torch.onnx.export`` decomposes only the nodes that need it (see the module docstring)."""
     try:
         from torch.onnx._internal.exporter import _decomp, _fx_passes
-    except ImportError:  # a torch whose exporter moved: export as it does
-        logger.warning("torch.onnx's exporter has no _fx_passes module here: it decomposes the whole program")
-        yield
-        return
-    whole_program = getattr(_fx_passes, "decompose_with_registry", None)
-    if whole_program is None:
-        logger.warning("torch.onnx's exporter has no decompose_with_registry here: it decomposes the whole program")
+
+        whole_program = _fx_passes.decompose_with_registry
+    except (ImportError, AttributeError):  # a torch whose exporter moved: export as it does
+        logger.warning("torch.onnx has no _fx_passes.decompose_with_registry here: it decomposes the whole program")
         yield
         return
 
