@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aot.compat.transformers_cache import CACHE_ARGUMENT_NAMES, is_cache_argument
 from aot.errors import first_line
 from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
 from aot.tracing.dummy_inputs import forward_parameters
@@ -47,9 +48,9 @@ def check_forward_accepts(loaded: LoadedRecipe, owner: str, accepted: list[str])
     With ``generation.cache`` the inputs come from the model, which must take a KV cache.
     """
     if is_decoder_with_cache(loaded):
-        if "past_key_values" not in accepted:
+        if not any(is_cache_argument(name) for name in accepted):
             raise loaded.error(("model", "class"), f"generation.cache needs a causal LM that takes a KV cache (e.g. "
-                               f"LlamaForCausalLM); {owner}.forward has no past_key_values")
+                               f"LlamaForCausalLM); {owner}.forward takes neither {' nor '.join(CACHE_ARGUMENT_NAMES)}")
         return
     for index, tensor in enumerate(loaded.recipe.inputs.tensors):
         if tensor.name not in accepted:

@@ -20,7 +20,9 @@ Both are sized without size branches, so that one export holds for a prefill (pa
 decode step (one token) and either side of a window. Any other layer type (linear
 attention, shared KV) has no flat form here and is refused when the decoder is made.
 While ``torch.export`` traces, the attention masks are made ahead (:mod:`aot.decoding.premade_masks`).
-The model runs with ``use_cache=True``; the cache's tensors after the step are the present.
+The model runs with ``use_cache=True``; the cache's tensors after the step are the present. The cache
+goes in under the name the model's forward takes (``cache`` from transformers 5.24, ``past_key_values``
+before: :mod:`aot.compat.transformers_cache`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import inspect
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from aot.compat.transformers_cache import CACHE_ARGUMENT_NAMES, cache_argument, returned_cache
 
 from .cache_layers import FlatFullAttentionLayer, FlatSlidingWindowLayer
 from .greedy import PastLayout
@@ -45,6 +49,9 @@ class FlatCacheDecoder(torch.nn.Module):
         them (``logits_to_keep=1``): a prefill then skips the vocabulary projection of every other token."""
         super().__init__()
         self.model = model
+        self.cache_argument = cache_argument(model.forward)
+        if self.cache_argument is None:
+            raise ValueError(f"{type(model).__name__}.forward takes no KV cache (no {' or '.join(CACHE_ARGUMENT_NAMES)} argument)")
         self.last_logits_only = last_logits_only
         if last_logits_only and "logits_to_keep" not in inspect.signature(model.forward).parameters:
             raise ValueError(f"{type(model).__name__}.forward takes no logits_to_keep: it cannot keep the last logits only")
@@ -85,14 +92,14 @@ class FlatCacheDecoder(torch.nn.Module):
         mask = attention_mask
         if torch.compiler.is_exporting():
             mask = premade_masks(self.text_config, input_ids, attention_mask, cache, position_ids, self.model.dtype)
-        inputs = {"input_ids": input_ids, "attention_mask": mask, "past_key_values": cache, "use_cache": True}
+        inputs = {"input_ids": input_ids, "attention_mask": mask, self.cache_argument: cache, "use_cache": True}
         if self.last_logits_only:
             inputs["logits_to_keep"] = 1
         if position_ids is not None:
             inputs["position_ids"] = position_ids
         output = self.model(**inputs)
-        present = [tensor for layer in output.past_key_values.layers for tensor in (layer.keys, layer.values)]
-        return (output.logits, *present)
+        present = [tensor for layer in returned_cache(output).layers for tensor in (layer.keys, layer.values)]
+        return (output["logits"], *present)
 
     def _loaded_cache(self, past: tuple[torch.Tensor, ...], seen_tokens: int) -> DynamicCache:
         cache = DynamicCache(config=self.text_config)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING, create_causal_mask, create_sliding_window_causal_mask
 
+from aot.compat.transformers_cache import cache_keyword
+
 
 def premade_masks(config, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, position_ids: torch.Tensor | None, dtype: torch.dtype):
     """The 4D mask (or ``{layer type: 4D mask}``) the model would make from ``attention_mask``, never skipped."""
@@ -33,7 +35,7 @@ def premade_masks(config, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         # The mask functions read only batch, query length, dtype and device from it.
         "inputs_embeds": torch.empty((*input_ids.shape, 0), dtype=dtype, device=input_ids.device),
         "attention_mask": attention_mask,
-        "past_key_values": cache,
+        **cache_keyword(create_causal_mask, cache),  # the mask builders renamed it with the models
         "position_ids": position_ids,
         "allow_is_causal_skip": False,
     }

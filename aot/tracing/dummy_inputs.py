@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from aot.compat.transformers_cache import is_cache_argument
 from aot.errors import TraceError
 
 BATCH = 2
@@ -151,10 +152,11 @@ def make_dummy_inputs(
     A multiple-choice head takes ``(batch, choices, sequence)`` token inputs and one label, a
     choice, per example: the rows are made for ``batch x choices`` and then folded.
     """
-    decoder_length = DECODER_SEQUENCE * sequence // SEQUENCE or 1
+    config = getattr(model, "config", None)
+    # An EOS-pooling classifier indexes the decoder's states with input_ids' EOS mask: the two lengths agree.
+    decoder_length = sequence if pools_at_eos(model) else DECODER_SEQUENCE * sequence // SEQUENCE or 1
     choices = NUM_CHOICES if _is_head(model, "MULTIPLE_CHOICE") else 1
     examples, batch = batch, batch * choices
-    config = getattr(model, "config", None)
     if config is None:
         raise TraceError(f"{type(model).__name__} has no config to make dummy inputs from; pass dummy_inputs")
     generator = torch.Generator().manual_seed(0)
@@ -172,6 +174,8 @@ def make_dummy_inputs(
             inputs[name] = torch.randint(0, classes, (batch,), generator=generator)
         elif name == "labels":  # language modelling and token classification: one per token
             classes = vocab if not _is_head(model, "TOKEN_CLASSIFICATION") else max(getattr(config, "num_labels", 2) or 2, 1)
+            # A sequence-to-sequence LM's labels are the decoder's targets, as long as decoder_input_ids.
+            length = decoder_length if getattr(config, "is_encoder_decoder", False) else sequence
             inputs[name] = torch.randint(0, classes, (batch, length), generator=generator)
         elif name in ("start_positions", "end_positions"):  # question answering: a token index per example
             inputs[name] = torch.randint(0, sequence, (batch,), generator=generator)
@@ -218,9 +222,9 @@ def make_dummy_inputs(
             inputs[name] = torch.randn(batch, length, hidden, generator=generator)
         elif name in _DECISION_INPUTS:  # a decision head (JevForDecision) scores the questions marked in row 0's prompt
             inputs[name] = _decision_input(name, config, batch, sequence, generator)
-        elif name == "past_key_values":
+        elif is_cache_argument(name):
             raise TraceError(
-                f"input 'past_key_values' of {type(model).__name__}: a KV cache is an object, not a tensor a graph can take; "
+                f"input '{name}' of {type(model).__name__}: a KV cache is an object, not a tensor a graph can take; "
                 "trace the flat cache step instead (aot.decoding.FlatCacheDecoder(model), or a recipe's `generation: {cache: true}`)"
             )
         else:

@@ -14,7 +14,7 @@ and records the rest as a single call to a pure-torch leaf from
     create_causal_mask(config, inputs_embeds=e, attention_mask=None), sdpa
         -> None                                                  # SDPA's is_causal, as eager does
 
-    create_causal_mask(config, inputs_embeds=e, attention_mask=m, past_key_values=cache)
+    create_causal_mask(config, inputs_embeds=e, attention_mask=m, cache=cache)   # past_key_values= before 5.24
         -> cached_causal_attention_mask(e, m, query_offset, key_offset, key_length, window, additive)
                                                                  # offsets and lengths from the cache layer
 
@@ -34,6 +34,7 @@ from typing import Any
 
 import torch.fx
 
+from aot.compat.transformers_cache import CACHE_ARGUMENT_NAMES
 from aot.errors import TraceError
 
 from .torch_functions import bidirectional_attention_mask, bidirectional_sliding_window_mask, cached_causal_attention_mask, causal_attention_mask
@@ -68,9 +69,9 @@ def build_traced_mask(tracer, builder_name: str, kind: str, arguments: dict[str,
     config = arguments["config"]
     if kind in ("causal", "sliding") and not getattr(config, "is_causal", True):
         kind = "bidirectional" if kind == "causal" else "bidirectional_sliding"
-    cache = arguments.get("past_key_values")
+    cache = next((arguments[name] for name in CACHE_ARGUMENT_NAMES if arguments.get(name) is not None), None)
     if cache is not None and kind not in ("causal", "sliding"):
-        raise TraceError(f"{builder_name} with past_key_values is not supported by the fx tracer; use the export frontend (trace: export)")
+        raise TraceError(f"{builder_name} with a KV cache is not supported by the fx tracer; use the export frontend (trace: export)")
     unsupported = [
         name
         for name in ("or_mask_function", "and_mask_function", "block_sequence_ids")

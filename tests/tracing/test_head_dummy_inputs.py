@@ -233,13 +233,16 @@ def test_the_video_base_model_traces_its_predictor_masks_of_data_dependent_size_
 
 
 def test_a_kv_cache_input_name_points_to_the_flat_cache_step():
+    from aot.compat.transformers_cache import cache_argument
     from aot.errors import TraceError
 
     config = transformers.LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64)
     model = _model(transformers.LlamaForCausalLM, config)
-    with pytest.raises(TraceError, match=r"input 'past_key_values' of LlamaForCausalLM.*FlatCacheDecoder"):
-        symbolic_trace(model, ["input_ids", "past_key_values"])
+    name = cache_argument(model.forward)  # `cache` from transformers 5.24, `past_key_values` before
+    assert name is not None
+    with pytest.raises(TraceError, match=rf"input '{name}' of LlamaForCausalLM.*FlatCacheDecoder"):
+        symbolic_trace(model, ["input_ids", name])
 
 
 def test_a_decision_head_gets_its_marked_questions_and_traces_on_both_frontends():
@@ -268,3 +271,37 @@ def test_a_decision_head_gets_its_marked_questions_and_traces_on_both_frontends(
             for frontend, graph_module in graphs.items():
                 actual = graph_module(**case)
                 torch.testing.assert_close(actual if isinstance(actual, torch.Tensor) else next(iter(actual.values())), expected, msg=frontend)
+
+
+SEQ2SEQ = dict(vocab_size=99, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+               encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64)
+
+
+@pytest.mark.parametrize("cls, config", [
+    (transformers.T5ForConditionalGeneration, transformers.T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=1, num_heads=4)),
+    (transformers.BartForConditionalGeneration, transformers.BartConfig(**SEQ2SEQ)),
+])
+def test_sequence_to_sequence_labels_follow_the_decoder_length_and_the_loss_traces(cls, config):
+    model = _model(cls, config)
+    names = ["input_ids", "attention_mask", "decoder_input_ids", "labels"]
+    dummies = make_dummy_inputs(model, names)
+    assert dummies["input_ids"].shape[1] != dummies["decoder_input_ids"].shape[1], "the precondition: two lengths"
+    assert dummies["labels"].shape == dummies["decoder_input_ids"].shape
+    graph_module = symbolic_trace(model, input_names=names)
+    with torch.no_grad():
+        expected = flatten_outputs(model(**dummies, use_cache=False))  # traced as use_cache=False: no cache object out
+        actual = flatten_outputs(graph_module(**dummies))
+    assert "loss" in expected and torch.isfinite(expected["loss"])
+    torch.testing.assert_close(actual["loss"], expected["loss"])
+
+
+def test_an_eos_pooling_classifier_gets_decoder_inputs_as_long_as_input_ids():
+    config = transformers.BartConfig(**SEQ2SEQ, num_labels=3)
+    model = _model(transformers.BartForSequenceClassification, config)
+    names = ["input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask"]
+    dummies = make_dummy_inputs(model, names)
+    assert (dummies["input_ids"] == config.eos_token_id).sum(dim=1).tolist() == [1, 1], "the precondition: one EOS a row"
+    assert dummies["decoder_input_ids"].shape == dummies["input_ids"].shape
+    graph_module = symbolic_trace(model, input_names=names)
+    with torch.no_grad():
+        torch.testing.assert_close(graph_module(**dummies)["logits"], model(**dummies).logits)
