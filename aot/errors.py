@@ -82,3 +82,14 @@ def first_line(error: BaseException) -> str:
     """The first non-blank line of ``error``'s message, without terminal colours: what a one-line report keeps."""
     text = _ANSI_ESCAPE.sub("", str(error)).strip()
     return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+
+
+def did_you_mean(name: str, known: list[str] | tuple[str, ...] | set[str], limit: int = 3) -> str:
+    """`` (did you mean 'a' or 'b'?)`` naming up to ``limit`` of ``known`` closest to ``name``; empty when none is close.
+
+    difflib's ratio, with the cutoff of 0.6 that keeps unrelated names out of the message.
+    """
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known), n=limit, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(match) for match in close)}?)" if close else ""

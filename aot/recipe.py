@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pydantic
 
-from aot.errors import RecipeError
+from aot.errors import RecipeError, did_you_mean
 from aot.recipe_ranges import check_position_limit, check_validation_shapes
 from aot.recipe_schema import PassSpec, Recipe
 from aot.recipe_yaml import Location, dotted, parse_recipe_yaml, read_recipe_text
@@ -69,7 +70,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     try:
         recipe = Recipe.model_validate(data)
     except pydantic.ValidationError as error:
-        raise _pydantic_error(path, lines, error, rename={"validate_": "validate"}) from None
+        raise _pydantic_error(path, lines, error, rename={"validate_": "validate"}, model=Recipe) from None
     loaded = LoadedRecipe(path=path, recipe=recipe, passes=[], text=text, lines=lines)
     check_validation_shapes(loaded)
     # The pass registry imports torch (seconds): everything above is reported without it.
@@ -156,12 +157,13 @@ def _line_for(lines: dict[Location, int], location: Location) -> int:
 
 
 def _pydantic_error(
-    path: Path, lines: dict[Location, int], error: pydantic.ValidationError, rename: dict[str, str], prefix: Location = ()
+    path: Path, lines: dict[Location, int], error: pydantic.ValidationError, rename: dict[str, str], prefix: Location = (),
+    model: type[pydantic.BaseModel] | None = None,
 ) -> RecipeError:
     first = error.errors()[0]
     location = prefix + tuple(rename.get(str(part), part) for part in first["loc"] if not _is_union_tag(part))
     if first["type"] == "extra_forbidden":
-        message = "unknown key"
+        message = "unknown key" + did_you_mean(str(location[-1]), _sibling_keys(model, first["loc"]))
     elif first["type"] == "missing":
         message = "required key is missing"
     else:
@@ -172,6 +174,29 @@ def _pydantic_error(
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     key = dotted(location)
     return RecipeError(f"{path}:{_line_for(lines, location)}: {key + ': ' if key else ''}{message}{suffix}")
+
+
+def _sibling_keys(model: type[pydantic.BaseModel] | None, location: tuple) -> list[str]:
+    """The keys (aliases where set) of the mapping that holds ``location``'s last key, walked from ``model``; [] if unknown."""
+    for part in location[:-1]:
+        if model is None:
+            return []
+        if isinstance(part, int) or _is_union_tag(part):
+            continue  # a list index or a union member: the element's model, which _model_in unwrapped
+        field = next((f for name, f in model.model_fields.items() if part in (name, f.alias)), None)
+        model = _model_in(field.annotation) if field is not None else None
+    return [field.alias or name for name, field in model.model_fields.items()] if model is not None else []
+
+
+def _model_in(annotation: Any) -> type[pydantic.BaseModel] | None:
+    """The pydantic model inside an annotation (``X | None``, ``list[X]``, ``dict[str, X]``), if one."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
 
 
 def _is_union_tag(part: Any) -> bool:
@@ -196,8 +221,9 @@ def _resolve_passes(loaded: LoadedRecipe, items: list, prefix: Location) -> list
         try:
             info = registry.get(name)
         except KeyError:
-            known = ", ".join(sorted(p.name for p in registry.all_passes()))
-            raise loaded.error(location, f"unknown pass '{name}' (known: {known})") from None
+            known = [p.name for p in registry.all_passes()]
+            hint = did_you_mean(name, known) or " (`aot passes` lists them)"
+            raise loaded.error(location, f"unknown pass '{name}'{hint}") from None
         if frontend not in info.frontends:
             raise loaded.error(
                 location, f"pass '{name}' cannot run on the '{frontend}' frontend (it supports: {', '.join(sorted(info.frontends))})"
@@ -205,7 +231,7 @@ def _resolve_passes(loaded: LoadedRecipe, items: list, prefix: Location) -> list
         try:
             validated = info.options.model_validate(options)
         except pydantic.ValidationError as error:
-            raise _pydantic_error(loaded.path, loaded.lines, error, rename={}, prefix=location + (name,)) from None
+            raise _pydantic_error(loaded.path, loaded.lines, error, rename={}, prefix=location + (name,), model=info.options) from None
         specs.append(PassSpec(name=name, options=validated.model_dump(mode="json")))
     return specs
 

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from torch.fx import GraphModule, Node
 
 from aot.errors import AotError, PassError
@@ -149,6 +149,19 @@ class Transformation(ABC):
     def __init__(self, **options: Any) -> None:
         self.options = type(self).Options.model_validate(options)
         self._report: _Report | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Optimum's transformations may define an __init__ that never calls super().__init__(); such an
+        # instance has the default options (signature, marks and reverse read them), or says which it lacks.
+        if name != "options":
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        try:
+            options = type(self).Options.model_validate({})
+        except ValidationError as error:
+            missing = ", ".join(str(item["loc"][0]) for item in error.errors())
+            raise PassFailure(self.name, f"its __init__ did not call super().__init__(), and its options {missing} have no default") from None
+        self.__dict__["options"] = options
+        return options
 
     # -- the reference API -------------------------------------------------------------
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from aot.errors import did_you_mean
+
 from .base import Transformation
 
 FRONTENDS = frozenset({"fx", "export"})
@@ -96,7 +98,7 @@ def get(name: str) -> PassInfo:
     try:
         return _PASSES[name]
     except KeyError:
-        raise KeyError(f"unknown pass '{name}'; known passes: {', '.join(sorted(_PASSES))}") from None
+        raise KeyError(f"unknown pass '{name}'{did_you_mean(name, _PASSES) or ' (`aot passes` lists them)'}") from None
 
 
 def all_passes() -> list[PassInfo]:

@@ -104,4 +104,4 @@ def test_schema_faults_are_reported_before_torch_is_imported(write_recipe):
         "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert result.stdout.splitlines() == [f"{path}:10: model.sed: unknown key", "False False"]
+    assert result.stdout.splitlines() == [f"{path}:10: model.sed: unknown key (did you mean 'seed'?)", "False False"]

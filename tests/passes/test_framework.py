@@ -203,3 +203,57 @@ def test_reversing_with_other_options_than_the_transformation_is_an_error_not_a_
     with pytest.raises(PassError, match=r"""no node carries the marks of scale_mul_by, but some carry those of scale_mul_by\({"factor":5.0}\)"""):
         ScaleMulBy()(graph_module, reverse=True)
     assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 15.0)), "nothing was reversed"
+
+
+class MulByTwoWithoutSuperInit(ReversibleTransformation):
+    """Optimum's transformations may keep state of their own and never call ``super().__init__()``."""
+
+    def __init__(self, factor: float = 2.0):
+        self.factor = factor
+
+    def transform(self, graph_module):
+        for node in graph_module.graph.nodes:
+            if node.op == "call_function" and node.target == operator.mul and not self.transformed(node):
+                node.args = (node.args[0], node.args[1] * self.factor)
+                self.mark_as_transformed(node)
+        return graph_module
+
+    def reverse(self, graph_module):
+        for node in self.get_transformed_nodes(graph_module):
+            node.args = (node.args[0], node.args[1] / self.factor)
+            self.mark_as_restored(node)
+        return graph_module
+
+
+def test_a_transformation_whose_init_skips_super_init_signs_marks_and_reverses():
+    transformation = MulByTwoWithoutSuperInit()
+    assert "options" not in vars(transformation), "the precondition: no super().__init__() ran"
+    graph_module = fx_graph(Scale(), torch.randn(2))
+    assert transformation.signature == "mul_by_two_without_super_init"
+
+    result = transformation.apply(graph_module)
+    assert result.modified
+    assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 6.0))
+    marked = transformation.get_transformed_nodes(graph_module)
+    assert [node.meta[TRANSFORMS_KEY] for node in marked] == [["mul_by_two_without_super_init"]]
+
+    restored = transformation(graph_module, reverse=True)
+    assert torch.equal(restored(torch.ones(2)), torch.full((2,), 3.0))
+    assert not transformation.get_transformed_nodes(restored) and repr(transformation) == "MulByTwoWithoutSuperInit()"
+
+
+def test_a_transformation_without_super_init_whose_options_need_values_says_so():
+    from pydantic import BaseModel
+
+    class NeedsAFactor(Transformation):
+        class Options(BaseModel):
+            factor: float
+
+        def __init__(self):
+            pass
+
+        def transform(self, graph_module):
+            return graph_module
+
+    with pytest.raises(PassError, match=r"pass 'needs_a_factor' failed: its __init__ did not call super\(\).__init__\(\), and its options factor have no default"):
+        NeedsAFactor().signature

@@ -1,0 +1,67 @@
+"""Virtual environments for the lock and the canary: made outside the repository, filled by pip.
+
+Standard library only, so that ``python3 scripts/lock.py`` and ``python3 scripts/canary.py`` run from
+any Python >= 3.11 before anything is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOCK = REPO / "requirements.lock"
+# The libraries whose releases move aot's ground, in the order the tables show them.
+WATCHED = ("torch", "transformers", "onnx", "onnxruntime", "onnxscript", "onnx-ir")
+
+
+def declared_dependencies() -> dict[str, str]:
+    """``{distribution: specifier}`` of pyproject's ``[project] dependencies``."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {}
+    for requirement in project["dependencies"]:
+        name, specifier = re.match(r"\s*([A-Za-z0-9_.-]+)\s*(.*)", requirement.split(";")[0]).groups()
+        declared[canonical(name)] = specifier.strip()
+    return declared
+
+
+def lower_bounds() -> dict[str, str]:
+    """``{distribution: its lowest tested version}``: the ``>=`` of each declared dependency."""
+    bounds = {}
+    for name, specifier in declared_dependencies().items():
+        match = re.search(r">=\s*([^,\s]+)", specifier)
+        if match:
+            bounds[name] = match.group(1)
+    return bounds
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def make_venv(path: Path) -> Path:
+    """A new virtual environment at ``path`` (an old one there is replaced) with a current pip; its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
+    python = path / "bin" / "python"
+    pip(python, "install", "--quiet", "--upgrade", "pip")
+    return python
+
+
+def pip(python: Path, *arguments: str, uncapped: bool = False) -> None:
+    """``python -m pip ARGUMENTS``; ``uncapped`` lifts a machine-wide pip constraint (PIP_CONSTRAINT) for this call."""
+    environment = dict(os.environ)
+    if uncapped:
+        environment["PIP_CONSTRAINT"] = ""
+    subprocess.run([str(python), "-m", "pip", *arguments], check=True, env=environment)
+
+
+def installed_versions(python: Path) -> dict[str, str]:
+    """``{distribution: version}`` of everything installed in ``python``'s environment (local labels kept)."""
+    script = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    output = subprocess.run([str(python), "-c", script], check=True, capture_output=True, text=True).stdout
+    return {canonical(name): version for name, version in json.loads(output).items()}
