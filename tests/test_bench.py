@@ -49,3 +49,16 @@ def test_bench_rejects_unknown_dim_and_peer(cli, tiny_build):
     assert result.exit_code == 2 and "no dim 'width'" in result.stderr, result.described
     result = cli("bench", tiny_build, "--peers", "tensorrt")
     assert result.exit_code == 2 and "unknown peer(s) tensorrt" in result.stderr, result.described
+
+
+def test_transformers_own_exporter_is_a_peer_timed_in_its_own_process(cli, tiny_build):
+    pytest.importorskip("transformers.exporters", reason="transformers' exporter ships from 5.24")
+    result = cli("bench", tiny_build, "-s", "batch=1,2", "--runs", "2", "--warmup", "1", "--gap-ms", "0", "--no-memory",
+                 "--peers", "hf_onnx", "--json")
+    assert result.exit_code == 0, result.described
+    report = json.loads(result.stdout)
+    assert report["peer_failures"] == {}, report["peer_failures"]
+    assert report["pids"]["hf_onnx"] not in {pid for name, pid in report["pids"].items() if name != "hf_onnx"}
+    for shape in report["shapes"]:
+        figures = {r["runner"]: r for r in shape["runners"]}["hf_onnx"]
+        assert 0 < figures["median_ms"] and 0 < figures["paired_speedup"]

@@ -13,6 +13,9 @@ times it (:mod:`aot.bench.worker`), in the same run as aot's artifacts:
   Runtime's quantiser, as ``optimum-cli onnxruntime quantize --avx512_vnni`` does it;
 - ``torch_ao_dynamic``: the eager model's ``nn.Linear`` layers dynamically quantised to int8 by
   ``torch.ao.quantization`` (the int8 peers: :mod:`aot.bench.int8_peers`);
+- ``hf_onnx``: transformers' own exporter (``transformers.exporters.OnnxExporter``, 5.24 and later) with
+  dynamic shapes and its ONNX Runtime fusions for the CPU (``OnnxConfig(dynamic=True, ort_fusions="cpu")``),
+  saved as its ``save_pretrained`` writes it; on an older transformers it fails to build, and says why;
 - ``torch_compile_freezing``: ``torch.compile`` with inductor freezing (opt-in:
   it compiles for tens of seconds per shape; the bench reports the first call's time).
 
@@ -33,7 +36,7 @@ from aot.bench.int8_peers import quantize_onnx_dynamic, quantize_torch_dynamic
 
 log = logging.getLogger(__name__)
 
-ONNX_PEERS = ("ort_torchscript", "ort_torchscript_fused", "ort_dynamo", "ort_dynamo_fused")
+ONNX_PEERS = ("ort_torchscript", "ort_torchscript_fused", "ort_dynamo", "ort_dynamo_fused", "hf_onnx")
 INT8_PEERS = ("ort_quantize_dynamic", "torch_ao_dynamic")
 ALL_PEERS = ONNX_PEERS + INT8_PEERS + ("torch_compile_freezing",)
 # The names ``--peers`` takes besides the peers' own.
@@ -85,6 +88,29 @@ def _export(model: torch.nn.Module, inputs: dict[str, torch.Tensor], axes: dict[
         )
 
 
+def _hf_export(model: torch.nn.Module, inputs: dict[str, torch.Tensor], axes: dict[str, dict[int, str]], path: Path) -> None:
+    """transformers' own ONNX exporter, as its documentation shows it, with the CPU fusions.
+
+    Its ``dynamic=True`` marks every axis ``Dim.AUTO``, and torch.export then fixes an axis whose example
+    size is 1: the bench's dynamic axes are given as ``dynamic_shapes``, on an example at least 2 long in each.
+    """
+    try:
+        from transformers.exporters import OnnxConfig, OnnxExporter
+    except ImportError as error:
+        import transformers
+
+        raise RuntimeError(f"transformers {transformers.__version__} has no exporters (5.24 and later): {error}") from None
+    example = dict(inputs)
+    for name, named_axes in axes.items():
+        for axis in named_axes:
+            if name in example and example[name].shape[axis] == 1:
+                example[name] = torch.cat([example[name]] * 2, dim=axis)
+    shapes = {name: {axis: torch.export.Dim.AUTO for axis in axes.get(name, {})} for name in example}
+    config = OnnxConfig(dynamic=True, dynamic_shapes=shapes, ort_fusions="cpu")
+    exported = OnnxExporter().export(model, example, config=config)
+    OnnxExporter.save_program(exported.program, path)
+
+
 def _ort_fuse(source: Path, target: Path, config: Any) -> None:
     from onnxruntime.transformers import optimizer
 
@@ -127,6 +153,7 @@ _ONNX_FILES = {
     "ort_dynamo": "dynamo.onnx",
     "ort_dynamo_fused": "dynamo_fused.onnx",
     "ort_quantize_dynamic": "torchscript_int8.onnx",
+    "hf_onnx": "hf_onnx.onnx",
 }
 _BUILT_ON = {"ort_torchscript_fused": "ort_torchscript", "ort_dynamo_fused": "ort_dynamo", "ort_quantize_dynamic": "ort_torchscript"}
 
@@ -146,6 +173,7 @@ def write_peer_onnx(
         "ort_dynamo": lambda: _export(model, inputs, axes, path, dynamo=True),
         "ort_dynamo_fused": lambda: _onnxscript_fuse(source, path),
         "ort_quantize_dynamic": lambda: quantize_onnx_dynamic(source, path),
+        "hf_onnx": lambda: _hf_export(model, inputs, axes, path),
     }
     _quietly(steps[peer])
     return path
