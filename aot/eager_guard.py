@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from aot.compat.torch_private import is_cow_tensor
 from aot.errors import PassError
 from aot.recipe_schema import PassSpec
 
@@ -37,7 +38,7 @@ def _address(tensor: torch.Tensor) -> int:
     try:
         if read_only_address is not None:
             return read_only_address()
-        return 0 if torch._C._is_cow_tensor(tensor) else tensor.data_ptr()
+        return 0 if is_cow_tensor(tensor) else tensor.data_ptr()
     except RuntimeError:  # sparse and other layouts without one storage
         return 0
 

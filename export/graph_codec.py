@@ -36,10 +36,9 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
-from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
-from torch.fx.node import _get_qualified_name
+from torch.fx.graph import CodeGen
 
+from aot.compat.torch_private import PyTreeCodeGen, PyTreeInfo, get_qualified_name, pytree
 from aot.errors import ExportError
 
 from .node_meta import decode_meta, describe_value, encode_meta, encode_value
@@ -119,7 +118,7 @@ def resolve_qualified_name(name: str) -> Any:
 
 def function_name(target: Any) -> str:
     """The importable name of a call_function target, checked to resolve back to it."""
-    name = _get_qualified_name(target)
+    name = get_qualified_name(target)
     try:
         resolved = resolve_qualified_name(name)
     except Exception:
@@ -225,7 +224,7 @@ def _decode_argument(value: Any, nodes: dict[str, torch.fx.Node]) -> Any:
 def _encode_codegen(codegen: CodeGen) -> dict[str, Any]:
     if type(codegen) is CodeGen:
         return {"kind": "plain"}
-    if type(codegen) is _PyTreeCodeGen:
+    if type(codegen) is PyTreeCodeGen:
         info = codegen.pytree_info
         return {
             "kind": "pytree",
@@ -241,7 +240,7 @@ def _decode_codegen(graph: torch.fx.Graph, encoded: dict[str, Any], source: str)
         return {}
     in_spec = _load_spec(encoded["in_spec"], source)
     out_spec = _load_spec(encoded["out_spec"], source)
-    graph._codegen = _PyTreeCodeGen(_PyTreeInfo(encoded["orig_args"], in_spec, out_spec))
+    graph._codegen = PyTreeCodeGen(PyTreeInfo(encoded["orig_args"], in_spec, out_spec))
     return {"_in_spec": in_spec, "_out_spec": out_spec}
 
 

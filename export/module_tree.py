@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from aot.compat.torch_private import UNLIFTED_GUARDS_CLASS
 from aot.errors import ExportError
 
 from .leaf_constructor import NoConstructorForm, constructor_call, is_runtime_class, python_literal
 from .torch_equivalents import leaf_replacement
 
-_GUARDS_CLASS = "torch.export._unlift.GuardsFn"
+_GUARDS_CLASS = UNLIFTED_GUARDS_CLASS
 
 
 @dataclass

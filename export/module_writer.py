@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
-from torch.fx.graph import CodeGen, _PyTreeCodeGen
+from torch.fx.graph import CodeGen
 
 import aot
+from aot.compat.torch_private import HigherOrderOperator, OpOverload, OpOverloadPacket, PyTreeCodeGen, pytree
 from aot.errors import ExportError
 
 from . import standalone_runtime
@@ -129,10 +129,10 @@ _TORCH_OP_NAMESPACES = frozenset({"aten", "prims", "quantized", "_quantized", "m
 
 
 def _home_module(target: Any) -> str:
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        namespace = target._qualified_op_name.split("::")[0] if isinstance(target, torch._ops.OpOverloadPacket) else target.namespace
+    if isinstance(target, (OpOverload, OpOverloadPacket)):
+        namespace = target._qualified_op_name.split("::")[0] if isinstance(target, OpOverloadPacket) else target.namespace
         return "torch" if namespace in _TORCH_OP_NAMESPACES else f"torch.ops.{namespace}"
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if isinstance(target, HigherOrderOperator):
         return "torch"
     try:
         return function_name(target).split(".")[0]
@@ -181,7 +181,7 @@ def _literal(spec: pytree.TreeSpec, leaves, repr_fn) -> str:
 def _forward_code(gm: torch.fx.GraphModule, replacements: dict[int, str]):
     graph = gm.graph
     original = graph._codegen
-    if type(original) is _PyTreeCodeGen:
+    if type(original) is PyTreeCodeGen:
         info = original.pytree_info
         if not _is_keyword_spec(info.in_spec, len(info.orig_args)):
             raise ExportError(f"graph inputs with pytree spec {info.in_spec} are not supported; pass tensors only")

@@ -52,13 +52,11 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._export.utils import _collect_all_valid_cia_ops, _is_cia_op
-from torch._export.verifier import Verifier
-from torch._guards import detect_fake_mode
 from torch.export.graph_signature import OutputKind
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils import _pytree as pytree
 
+from aot.compat.torch_private import (
+    OpOverload, Verifier, collect_all_valid_cia_ops, detect_fake_mode, is_cia_op, make_fx, onnx_exporter_passes, pytree,
+)
 from aot.errors import first_line
 
 logger = logging.getLogger(__name__)
@@ -70,7 +68,7 @@ Table = dict[Any, Callable]
 def only_needed_decompositions() -> Iterator[None]:
     """Inside, ``torch.onnx.export`` decomposes only the nodes that need it (see the module docstring)."""
     try:
-        from torch.onnx._internal.exporter import _decomp, _fx_passes
+        _decomp, _fx_passes = onnx_exporter_passes()
 
         whole_program = _fx_passes.decompose_with_registry
     except (ImportError, AttributeError):  # a torch whose exporter moved: export as it does
@@ -139,7 +137,7 @@ def _not_functional(program: torch.export.ExportedProgram) -> str | None:
 def _not_functional_node(node: torch.fx.Node) -> str | None:
     if node.op != "call_function":
         return None
-    if isinstance(node.target, torch._ops.OpOverload):
+    if isinstance(node.target, OpOverload):
         return f"node '{node.name}' mutates ({node.target})" if node.target._schema.is_mutable else None
     if node.target in _size_arithmetic():
         return None
@@ -155,13 +153,13 @@ def _size_arithmetic() -> frozenset:
 
 def _preserved_composites(table: Table) -> set:
     """CompositeImplicitAutograd ops that torch.export keeps unless the table decomposes them."""
-    return set(_collect_all_valid_cia_ops()) - set(table)
+    return set(collect_all_valid_cia_ops()) - set(table)
 
 
 def _needs_decomposing(node: torch.fx.Node, table: Table, preserved: set) -> bool:
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(node.target, OpOverload):
         return False
-    return node.target in table or (_is_cia_op(node.target) and node.target not in preserved)
+    return node.target in table or (is_cia_op(node.target) and node.target not in preserved)
 
 
 def _trace_decomposed(node: torch.fx.Node, table: Table) -> torch.fx.GraphModule:

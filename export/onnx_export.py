@@ -30,6 +30,7 @@ import onnx_ir as ir
 import torch
 import torch.fx
 
+from aot.compat.torch_private import ONNX_REGISTRATION_LOGGER, fx_code_without_stack_traces
 from aot.errors import ExportError, first_line
 from aot.outputs import flatten_outputs
 from aot.quiet import quiet_torch
@@ -190,7 +191,7 @@ def _dim_names(dynamic_dims: dict[str, dict[int, str]]) -> set[str]:
 @contextlib.contextmanager
 def quiet_exporter_logs():
     """The exporter logs warnings about optional torchvision ops on every call; they are noise here."""
-    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    registration = logging.getLogger(ONNX_REGISTRATION_LOGGER)
     level = registration.level
     registration.setLevel(logging.ERROR)
     try:
@@ -207,12 +208,8 @@ def _no_node_stack_traces():
     numbers), and extracting and symbolising them was a second of BERT-base's export on
     two cores. Errors keep their own tracebacks, which is what :func:`_exporter_reason` reads.
     """
-    previous = torch.fx.config.do_not_emit_stack_traces
-    torch.fx.config.do_not_emit_stack_traces = True
-    try:
+    with fx_code_without_stack_traces():
         yield
-    finally:
-        torch.fx.config.do_not_emit_stack_traces = previous
 
 
 def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations):

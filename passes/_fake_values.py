@@ -29,8 +29,7 @@ def recompute_values(graph_module: GraphModule) -> None:
     Raises ``UnrunnableNode`` naming the first node that fails (on fake tensors, or for real where
     it mixes float dtypes), and ValueError when a graph input has no fake value to start from.
     """
-    from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from aot.compat.torch_private import FakeTensorProp, detect_fake_mode
 
     class Propagation(FakeTensorProp):
         def run_node(self, node: Node):
@@ -61,7 +60,7 @@ def _mixes_float_dtypes(graph_module: GraphModule, node: Node) -> bool:
 
 
 def _run_on_zeros(graph_module: GraphModule, node: Node) -> None:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from aot.compat.torch_private import unset_fake_temporarily
 
     def zeros(arg):
         val = arg.meta.get("val") if isinstance(arg, Node) else arg

@@ -59,7 +59,7 @@ def infer_val(graph_module: GraphModule, node: Node) -> None:
     Only when the graph carries FakeTensors already; a failure leaves ``val`` unset,
     which later passes treat as "shape unknown".
     """
-    from torch._guards import detect_fake_mode
+    from aot.compat.torch_private import detect_fake_mode
 
     sources = node.all_input_nodes or [n for n in node.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode([val for val in (n.meta.get("val") for n in sources) if isinstance(val, torch.Tensor)])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 from torch.fx import GraphModule, Node
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from aot.compat.torch_private import statically_known_true
 
 from ._nodes import replace_with, tensor_val
 from .registry import register_pass

@@ -40,8 +40,9 @@ def main() -> int:
         python = make_venv(venv)
     pins = dict(pin.split("==", 1) for pin in arguments.pin)
     wanted = [f"{name}=={pins[name]}" if name in pins else _wanted(name, arguments.lowest) for name in WATCHED]
+    pip(python, "install", "--quiet", "-e", f"{REPO}[test]")
+    # Then past pyproject's window on purpose: the newest releases are what a fresh install will meet next.
     pip(python, "install", "--quiet", "--upgrade", *wanted, uncapped=not arguments.lowest)
-    pip(python, "install", "--quiet", "-e", f"{REPO}[test]", *(f"{w}" for w in wanted), uncapped=not arguments.lowest)
     versions = installed_versions(python)
     report = {"mode": mode, "date": time.strftime("%Y-%m-%d"), "versions": {name: versions.get(name) for name in WATCHED},
               "suite": _suite(python), "recipes": _recipes(python, venv)}

@@ -185,7 +185,7 @@ def build_peer(
 ) -> Runner:
     """A runner for ``peer`` (one of :data:`ALL_PEERS`); it raises when the peer cannot be built."""
     if peer == "torch_compile_freezing":
-        import torch._inductor.config as inductor_config
+        from aot.compat.torch_private import inductor_config
 
         inductor_config.freezing = True
         compiled = torch.compile(model)

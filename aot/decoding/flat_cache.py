@@ -33,6 +33,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from aot.compat.torch_private import is_fx_symbolic_tracing
 from aot.compat.transformers_cache import CACHE_ARGUMENT_NAMES, cache_argument, returned_cache
 
 from .cache_layers import FlatFullAttentionLayer, FlatSlidingWindowLayer
@@ -108,7 +109,7 @@ class FlatCacheDecoder(torch.nn.Module):
             if window is not None:
                 cache.layers[index] = FlatSlidingWindowLayer(window, keys, values, seen_tokens)
                 continue
-            if not torch.compiler.is_exporting() and not torch.fx._symbolic_trace.is_fx_symbolic_tracing():
+            if not torch.compiler.is_exporting() and not is_fx_symbolic_tracing():
                 # Not a hint to torch.export: see aot.decoding.cache_layers for why the mask's length stays free there.
                 # Nor under torch.fx, where the sizes are traced values the graph computes at run time.
                 torch._check(

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from aot.compat.torch_private import lazy_clone
 from aot.errors import TraceError
 from aot.quiet import quiet_torch
 
@@ -130,7 +131,7 @@ def _remove_unused_python_values(graph: torch.fx.Graph, tracer: HFTracer) -> int
 def _copy_on_write(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor sharing ``tensor``'s memory until either is written to (then it is copied)."""
     try:
-        return torch._lazy_clone(tensor)
+        return lazy_clone(tensor)
     except (AttributeError, RuntimeError):  # pragma: no cover - older torch or exotic tensors
         return tensor.clone()
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from aot.compat.torch_private import check_tensor_all_with, check_with
+
 
 def bidirectional_attention_mask(
     attention_mask: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, additive: bool
@@ -156,9 +158,9 @@ def check_condition(condition: bool | torch.Tensor, message: str) -> None:
     graph, and under torch.export it becomes a runtime assertion, as ``torch._check`` is there.
     """
     if isinstance(condition, torch.Tensor):
-        torch._check_tensor_all_with(ValueError, condition, lambda: message)
+        check_tensor_all_with(ValueError, condition, lambda: message)
     else:
-        torch._check_with(ValueError, condition, lambda: message)
+        check_with(ValueError, condition, lambda: message)
 
 
 LEAF_FUNCTIONS = (

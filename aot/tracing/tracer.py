@@ -43,8 +43,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from aot.compat.torch_private import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode, GuardOnDataDependentSymNode, ShapeEnv
 from torch.fx.node import Node, map_arg
 
 from aot.errors import TraceError
@@ -404,8 +403,8 @@ class HFTracer(torch.fx.Tracer):
         data_dependent = isinstance(
             error,
             (
-                torch._subclasses.fake_tensor.DataDependentOutputException,
-                torch._subclasses.fake_tensor.DynamicOutputShapeException,
+                DataDependentOutputException,
+                DynamicOutputShapeException,
                 GuardOnDataDependentSymNode,
             ),
         )
