@@ -20,6 +20,7 @@ import torch
 
 from aot.capture import capture
 from aot.compat.torch_private import EXPORT_STACK_MODULES
+from aot.compat.window import warn_outside_window
 from aot.decoding.generation_check import GenerationCheck
 from aot.eager_guard import check_after_each_pass
 from aot.errors import ExportError
@@ -100,6 +101,7 @@ def build(
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     target = Path(output) if output is not None else default_output(loaded)
     check_replaceable(target)  # before any work: aot never deletes what it did not write
+    warn_outside_window()
     report = BuildReport(name=loaded.name, output=str(target))
     memory = MemoryWatch()
     try:

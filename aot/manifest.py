@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import platform
 from dataclasses import dataclass
@@ -16,12 +15,14 @@ TOOLS = ("torch", "transformers", "onnx", "onnxruntime", "onnxscript", "aot")
 
 
 def tool_versions() -> dict[str, str | None]:
+    """Python's, the tools' (:data:`TOOLS`) and then every other declared dependency's version, by name."""
+    from aot.compat.window import declared_requirements, installed_version
+
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in TOOLS:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+        versions[name] = installed_version(name)
+    for name in sorted(requirement.name for requirement in declared_requirements()):
+        versions.setdefault(name, installed_version(name))
     return versions
 
 

@@ -39,7 +39,9 @@ def main() -> int:
     if not (arguments.reuse and python.exists()):
         python = make_venv(venv)
     pins = dict(pin.split("==", 1) for pin in arguments.pin)
-    wanted = [f"{name}=={pins[name]}" if name in pins else _wanted(name, arguments.lowest) for name in WATCHED]
+    # Newest: the watched libraries at their newest. Lowest: every declared dependency at its lower bound.
+    names = list(lower_bounds()) if arguments.lowest else list(WATCHED)
+    wanted = [f"{name}=={pins[name]}" if name in pins else _wanted(name, arguments.lowest) for name in names]
     pip(python, "install", "--quiet", "-e", f"{REPO}[test]")
     # Then past pyproject's window on purpose: the newest releases are what a fresh install will meet next.
     pip(python, "install", "--quiet", "--upgrade", *wanted, uncapped=not arguments.lowest)

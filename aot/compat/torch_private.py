@@ -15,9 +15,10 @@ Tested window: torch 2.11 to 2.15 (pyproject). What each release lacks, and what
 Names resolve on first use (PEP 562 ``__getattr__``), so importing this module imports nothing
 heavy: ``aot check`` runs without torch.
 
-Not here, on purpose: the saved ``module.py`` and the runtime kernels it carries (``aot/runtime/``:
-``torch._int_mm``, ``torch.ops.mkldnn._linear_pointwise``...) must import torch alone, so they name
-their ops themselves and fall back to plain float ops where an op is missing.
+Not here, on purpose: what the saved ``module.py`` carries must import torch alone, so it names its
+ops itself: the runtime kernels (``aot/runtime/``: ``torch._int_mm``, ``torch.ops.mkldnn._linear_pointwise``...,
+each falling back to plain float ops where an op is missing) and the tracer's leaf functions
+(``aot/tracing/torch_functions.py``: ``torch._check_with``, in every release of the window).
 """
 
 from __future__ import annotations
@@ -47,8 +48,6 @@ _NAMES: dict[str, tuple[str, str]] = {
     "Verifier": ("torch._export.verifier", "Verifier"),
     "collect_all_valid_cia_ops": ("torch._export.utils", "_collect_all_valid_cia_ops"),
     "is_cia_op": ("torch._export.utils", "_is_cia_op"),
-    "check_with": ("torch", "_check_with"),
-    "check_tensor_all_with": ("torch", "_check_tensor_all_with"),
     "lazy_clone": ("torch", "_lazy_clone"),
     "inductor_config": ("torch._inductor", "config"),
     "PyTreeCodeGen": ("torch.fx.graph", "_PyTreeCodeGen"),

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import torch
 
-from aot.compat.torch_private import check_tensor_all_with, check_with
-
 
 def bidirectional_attention_mask(
     attention_mask: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, additive: bool
@@ -158,9 +156,9 @@ def check_condition(condition: bool | torch.Tensor, message: str) -> None:
     graph, and under torch.export it becomes a runtime assertion, as ``torch._check`` is there.
     """
     if isinstance(condition, torch.Tensor):
-        check_tensor_all_with(ValueError, condition, lambda: message)
+        torch._check_tensor_all_with(ValueError, condition, lambda: message)
     else:
-        check_with(ValueError, condition, lambda: message)
+        torch._check_with(ValueError, condition, lambda: message)
 
 
 LEAF_FUNCTIONS = (
