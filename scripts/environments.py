@@ -53,10 +53,16 @@ def make_venv(path: Path) -> Path:
 
 
 def pip(python: Path, *arguments: str, uncapped: bool = False) -> None:
-    """``python -m pip ARGUMENTS``; ``uncapped`` lifts a machine-wide pip constraint (PIP_CONSTRAINT) for this call."""
+    """``python -m pip ARGUMENTS``; ``uncapped`` reads no pip configuration file for this call.
+
+    A machine may cap releases in its pip configuration (a ``constraint`` file that holds torch to the
+    wheels it keeps on disk); an empty PIP_CONSTRAINT does not lift a configured one, so the canary's
+    newest releases are installed with no configuration file at all.
+    """
     environment = dict(os.environ)
     if uncapped:
-        environment["PIP_CONSTRAINT"] = ""
+        environment["PIP_CONFIG_FILE"] = os.devnull
+        environment.pop("PIP_CONSTRAINT", None)
     subprocess.run([str(python), "-m", "pip", *arguments], check=True, env=environment)
 
 

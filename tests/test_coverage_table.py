@@ -84,6 +84,12 @@ def test_a_cell_that_differs_from_eager_raises(monkeypatch):
         cells.trace_fx("bert", "BertModel")
 
 
+@pytest.mark.parametrize("model_type, class_name", [("bert", "BertModel"), ("gpt2", "GPT2LMHeadModel")])
+def test_transformers_own_exporter_is_a_column_checked_in_onnx_runtime(model_type, class_name):
+    pytest.importorskip("transformers.exporters", reason="transformers' exporter ships from 5.24")
+    TRACERS["hf_onnx"](model_type, class_name)  # raises where ONNX Runtime's outputs differ from eager's
+
+
 def test_bert_builds_end_to_end():
     build_end_to_end("bert", "BertForSequenceClassification", "fx")
 
@@ -129,9 +135,10 @@ def _table() -> dict:
     return {
         "transformers": "5.x", "torch": "2.x", "shapes": [[2, 16], [3, 11]], "gone_in_transformers_5": ["nezha"],
         "architectures": {
-            "bert": {"in_hf_tracer_4_53": True, "classes": {"BertModel": {"fx": ok, "export": ok}, "BertForX": {"fx": bad, "export": ok}},
+            "bert": {"in_hf_tracer_4_53": True, "classes": {"BertModel": {"fx": ok, "export": ok, "hf_onnx": ok},
+                                                           "BertForX": {"fx": bad, "export": ok}},
                      "build": {"class": "BertModel", "frontend": "fx", **ok}},
-            "gemma": {"in_hf_tracer_4_53": False, "classes": {"GemmaModel": {"fx": ok, "export": bad}},
+            "gemma": {"in_hf_tracer_4_53": False, "classes": {"GemmaModel": {"fx": ok, "export": bad, "hf_onnx": {**bad, "error": "hf"}}},
                       "build": {"class": "GemmaModel", "frontend": "fx", **bad}},
         },
     }
@@ -139,8 +146,9 @@ def _table() -> dict:
 
 def test_markdown_counts_and_groups_failures():
     markdown = render.render_markdown(_table())
-    assert "**fx: 2/3 classes · export: 2/3 classes · build: 1/2 architectures**" in markdown
-    assert "| bert | ✓ | 2 | 1/2 ✗ BertForX | 2/2 | ✓ BertModel (fx) |" in markdown
+    assert "**fx: 2/3 classes · export: 2/3 classes · build: 1/2 architectures · transformers' exporter: 1/2 classes**" in markdown
+    assert "| bert | ✓ | 2 | 1/2 ✗ BertForX | 2/2 | ✓ BertModel (fx) | 1/1 |" in markdown
+    assert "| gemma |  | 1 | 1/1 | 0/1 ✗ GemmaModel | ✗ GemmaModel (fx) | 0/1 ✗ GemmaModel |" in markdown
     assert "| TraceError: a \\| b | bert/BertForX (fx), gemma/GemmaModel (export), gemma/GemmaModel (build, fx) |" in markdown
 
 

@@ -72,7 +72,35 @@ def trace_export(model_type: str, class_name: str) -> None:
     check_at_shapes(model, graph_module, "export")
 
 
-TRACERS = {"fx": trace_fx, "export": trace_export}
+def export_hf_onnx(model_type: str, class_name: str) -> None:
+    """transformers' own exporter (``OnnxExporter``, 5.24+), as its documentation shows it: dynamic on the axes
+    that follow the shape, its CPU fusions; the ONNX model run in ONNX Runtime against eager at every shape."""
+    import onnxruntime
+
+    from aot.bench.peers import write_peer_onnx
+
+    model = build_model(model_type, class_name)
+    names = default_input_names(model)
+    batch, sequence = SHAPES[0]
+    with tempfile.TemporaryDirectory(prefix="aot-coverage-hf-") as directory:
+        path = write_peer_onnx("hf_onnx", model, inputs_at(model, names, batch, sequence), named_axes(model, names), Path(directory))
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        fed = [i.name for i in session.get_inputs()]
+        for batch, sequence in SHAPES:
+            inputs = inputs_at(model, names, batch, sequence)
+            with same_random_draws():
+                expected = eager_outputs(model, inputs)
+            results = session.run(None, {name: inputs[name].numpy() for name in fed})
+            produced = [o.name for o in session.get_outputs()]
+            # Its outputs carry the model output's names where it kept them; else they come in eager's order.
+            keys = produced if set(produced) <= set(expected) else list(expected)[: len(results)]
+            actual = {key: torch.from_numpy(value) for key, value in zip(keys, results)}
+            comparison = compare_outputs("hf_onnx", f"batch {batch}, sequence {sequence}", {k: expected[k] for k in actual}, actual, ATOL, RTOL)
+            if not comparison.ok:
+                raise Mismatch(comparison.summary())
+
+
+TRACERS = {"fx": trace_fx, "export": trace_export, "hf_onnx": export_hf_onnx}
 
 
 def build_end_to_end(model_type: str, class_name: str, frontend: str) -> None:

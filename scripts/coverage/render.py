@@ -13,7 +13,9 @@ from typing import Any
 
 START = "<!-- coverage:start -->"
 END = "<!-- coverage:end -->"
-FRONTENDS = ("fx", "export")
+FRONTENDS = ("fx", "export")  # aot's
+PEERS = ("hf_onnx",)  # transformers' own exporter, run on the same classes (aot.bench.peers)
+COLUMNS = FRONTENDS + PEERS
 
 
 ERROR_CHARS = 180  # what the README shows of an error; cells store 300, cut at different points for longer class names
@@ -49,7 +51,7 @@ def _build_column(architecture: dict[str, Any]) -> str:
 def totals(data: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """``{"fx": (ok, total), "export": ..., "build": ...}`` over the whole table."""
     counts = {}
-    for frontend in FRONTENDS:
+    for frontend in COLUMNS:
         pairs = [_count(a, frontend) for a in data["architectures"].values()]
         counts[frontend] = (sum(p[0] for p in pairs), sum(p[1] for p in pairs))
     builds = [a["build"] for a in data["architectures"].values() if a.get("build")]
@@ -68,7 +70,7 @@ def failures_by_error(data: dict[str, Any]) -> dict[str, list[str]]:
     grouped: dict[str, list[str]] = defaultdict(list)
     for model_type, architecture in data["architectures"].items():
         for name, cells in architecture["classes"].items():
-            for frontend in FRONTENDS:
+            for frontend in COLUMNS:
                 if frontend in cells and not cells[frontend]["ok"]:
                     grouped[_general(cells[frontend]["error"], name)].append(f"{model_type}/{name} ({frontend})")
         build = architecture.get("build")
@@ -87,19 +89,22 @@ def render_markdown(data: dict[str, Any]) -> str:
         "and the newer ones issue #15 names; classes: the base class, every head transformers' auto mappings give it, "
         "and 4.53's special-cased classes. Each model is built from a tiny config with seed 0 "
         "(`scripts/coverage/tiny_config.py`), traced on aot's own dummy inputs and compared to eager at batch × sequence "
-        f"{shapes}; *build* is `aot build` end to end for one class. "
+        f"{shapes}; *build* is `aot build` end to end for one class; *transformers' exporter* is transformers' own "
+        "`OnnxExporter` (5.24+, dynamic axes, CPU fusions) on the same model and inputs, run in ONNX Runtime at the same shapes. "
         f"Gone from transformers 5: {', '.join(data['gone_in_transformers_5']) or 'none'}.",
         "",
         f"**fx: {count['fx'][0]}/{count['fx'][1]} classes · export: {count['export'][0]}/{count['export'][1]} classes · "
-        f"build: {count['build'][0]}/{count['build'][1]} architectures**",
+        f"build: {count['build'][0]}/{count['build'][1]} architectures · "
+        f"transformers' exporter: {count['hf_onnx'][0]}/{count['hf_onnx'][1]} classes**",
         "",
-        "| architecture | 4.53 | classes | fx | export | build |",
-        "|---|---|---|---|---|---|",
+        "| architecture | 4.53 | classes | fx | export | build | transformers' exporter |",
+        "|---|---|---|---|---|---|---|",
     ]
     for model_type, architecture in data["architectures"].items():
         lines.append(
             f"| {model_type} | {'✓' if architecture['in_hf_tracer_4_53'] else ''} | {len(architecture['classes'])} | "
-            f"{_frontend_column(architecture, 'fx')} | {_frontend_column(architecture, 'export')} | {_build_column(architecture)} |"
+            f"{_frontend_column(architecture, 'fx')} | {_frontend_column(architecture, 'export')} | {_build_column(architecture)} | "
+            f"{_frontend_column(architecture, 'hf_onnx')} |"
         )
     failures = failures_by_error(data)
     if failures:

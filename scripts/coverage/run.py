@@ -28,7 +28,7 @@ import aot.build  # noqa: F401  (imported once here, before the children fork, n
 from .architectures import Architecture, architectures, gone_in_transformers_5
 from .cells import TRACERS, build_end_to_end
 from .isolated import run_all, worker_count
-from .render import FRONTENDS, render_markdown, rewrite_readme
+from .render import COLUMNS, FRONTENDS, render_markdown, rewrite_readme
 from .shapes import SHAPES
 
 HERE = Path(__file__).resolve().parent
@@ -98,7 +98,7 @@ def _ordered(data: dict[str, Any], every: list[Architecture]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.coverage.run", description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated model types (default: every row)")
-    parser.add_argument("--frontends", default=",".join(FRONTENDS), help="comma-separated: fx, export")
+    parser.add_argument("--frontends", default=",".join(COLUMNS), help="comma-separated: fx, export, hf_onnx (transformers' exporter)")
     parser.add_argument("--no-build", action="store_true", help="skip the end-to-end builds (their earlier results stay)")
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's coverage section from the result")
     parser.add_argument("--workers", type=int, default=worker_count(), help="cells run at once (default: one per core)")
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     known = {row.model_type for row in every}
     only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else sorted(known)
     frontends = [name.strip() for name in args.frontends.split(",") if name.strip()]
-    unknown = sorted(set(only) - known) + sorted(set(frontends) - set(FRONTENDS))
+    unknown = sorted(set(only) - known) + sorted(set(frontends) - set(COLUMNS))
     if unknown:
         parser.error(f"unknown model type or frontend: {', '.join(unknown)} (model types: {', '.join(sorted(known))})")
 
