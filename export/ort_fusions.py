@@ -12,6 +12,9 @@ same fused ops::
     erf-GELU      x * 0.5 * (1 + Erf(x / sqrt 2))                  -> Gelu
     SDPA          Softmax(Q K^T * scale + mask) V                   -> SDPA (onnxscript's intermediate)
     MHA           Reshape/Transpose around SDPA on [B, S, H*D]      -> MultiHeadAttention
+    SDPA left     an SDPA no MHA pattern consumed                   -> MultiHeadAttention, reshaped around
+                  (onnxscript's own last step: torch 2.15 exports BERT's first layer in a form the
+                  MHA patterns miss, and an SDPA left behind is an op ONNX Runtime does not know)
     bias-GELU     Gelu(x + b)                                       -> BiasGelu
     skip-LayerNorm LayerNorm(x + residual (+ b))  (CUDA only)       -> SkipLayerNormalization
     then aot's own rules for the target (:mod:`aot.export.onnx_rules`), on CPU:
@@ -57,6 +60,7 @@ def fuse_for_ort(model: ir.Model, target: Target = "cpu") -> dict[str, int]:
     from onnxscript.rewriter.ort_fusions.erfgelu import fuse_erfgelu
     from onnxscript.rewriter.ort_fusions.mha import fuse_mha1, fuse_mha2
     from onnxscript.rewriter.ort_fusions.sdpa import fuse_sdpa
+    from onnxscript.rewriter.ort_fusions.sdpa_via_mha import replace_sdpa_by_mha
     from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_layer_normalization
 
     common_passes.InlinePass()(model)
@@ -68,6 +72,7 @@ def fuse_for_ort(model: ir.Model, target: Target = "cpu") -> dict[str, int]:
         counts["skip_layer_normalization"] = fuse_skip_layer_normalization(model)
     counts["sdpa"] = fuse_sdpa(model, apply_shape_inference=True)
     counts["multi_head_attention"] = fuse_mha1(model) + fuse_mha2(model)
+    counts["sdpa_via_mha"] = replace_sdpa_by_mha(model)
     counts["bias_gelu"] = fuse_bias_gelu(model)
     counts.update(apply_onnx_rules(model, target))
     # The SDPA fusion leaves an onnxscript function behind where no MHA pattern consumed it.

@@ -1,6 +1,6 @@
 """The canary: aot against the newest releases of what it stands on, or against its window's lowest.
 
-    python3 scripts/canary.py [--lowest] [--venv DIR] [--reuse] [--pin NAME==VERSION ...] [--json FILE]
+    python3 scripts/canary.py [--lowest] [--full] [--venv DIR] [--reuse] [--pin NAME==VERSION ...] [--json FILE]
 
 It makes a venv outside the repository (default ``$TMPDIR/aot-canary-newest`` or ``-lowest``) with
 the newest releases of torch, transformers, onnx, onnxruntime, onnxscript and onnx-ir (or, with
@@ -46,8 +46,8 @@ def main() -> int:
     # Then past pyproject's window on purpose: the newest releases are what a fresh install will meet next.
     pip(python, "install", "--quiet", "--upgrade", *wanted, uncapped=not arguments.lowest)
     versions = installed_versions(python)
-    report = {"mode": mode, "date": time.strftime("%Y-%m-%d"), "versions": {name: versions.get(name) for name in WATCHED},
-              "suite": _suite(python), "recipes": _recipes(python, venv)}
+    report = {"mode": mode, "full": arguments.full, "date": time.strftime("%Y-%m-%d"), "versions": {name: versions.get(name) for name in WATCHED},
+              "suite": _suite(python, arguments.full), "recipes": _recipes(python, venv)}
     if arguments.json:
         arguments.json.write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))
@@ -62,6 +62,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--reuse", action="store_true", help="keep an existing venv there, only upgrading it")
     parser.add_argument("--pin", action="append", default=[], metavar="NAME==VERSION", help="hold one library at a version")
     parser.add_argument("--json", type=Path, help="also write the report as JSON")
+    parser.add_argument("--full", action="store_true", help="the whole suite, slow tests included, not the fast one")
     return parser.parse_args()
 
 
@@ -72,9 +73,10 @@ def _wanted(name: str, lowest: bool) -> str:
     return f"{name}=={bound}" if bound else name
 
 
-def _suite(python: Path) -> dict:
+def _suite(python: Path, full: bool) -> dict:
     started = time.monotonic()
-    run = subprocess.run([str(python), "-m", "pytest", "-q", "-m", "not slow and not coverage_table", "-p", "no:cacheprovider"],
+    selection = "not coverage_table" if full else "not slow and not coverage_table"
+    run = subprocess.run([str(python), "-m", "pytest", "-q", "-m", selection, "-p", "no:cacheprovider"],
                          cwd=REPO, capture_output=True, text=True)
     summary = next((line.strip("= ") for line in reversed(run.stdout.splitlines()) if re.search(r"\d+ (passed|failed|error)", line)), "")
     failed = [line.split(" ", 1)[1].split(" - ")[0] for line in run.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
@@ -102,7 +104,8 @@ def render(report: dict) -> str:
     lines = [f"Canary ({report['mode']} releases), {report['date']}:", "", "| library | version |", "|---|---|"]
     lines += [f"| {name} | {version or 'not installed'} |" for name, version in report["versions"].items()]
     suite = report["suite"]
-    lines += ["", f"Fast suite (`-m 'not slow'`): {suite['summary'] or 'no summary'} ({suite['seconds']} s)"]
+    which = "Whole suite" if report.get("full") else "Fast suite (`-m 'not slow'`)"
+    lines += ["", f"{which}: {suite['summary'] or 'no summary'} ({suite['seconds']} s)"]
     lines += [f"- failed: `{name}`" for name in suite["failed"][:40]]
     lines += ["", "| recipe | result | detail |", "|---|---|---|"]
     lines += [f"| `{row['recipe']}` | {row['status']} | {row['detail']} |" for row in report["recipes"]]

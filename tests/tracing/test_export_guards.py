@@ -68,15 +68,21 @@ def test_a_guard_with_anything_but_size_arithmetic_is_refused():
 @pytest.mark.parametrize("cls", [transformers.Wav2Vec2Model, transformers.Wav2Vec2ForCTC, transformers.HubertModel])
 def test_audio_exports_with_default_ranges_and_matches_eager_at_sample_counts_off_the_stride(cls):
     model = _audio_model(cls)
-    with pytest.raises(Exception, match="Constraints violated"), torch.no_grad():  # precondition: torch.export's own refusal
-        torch.export.export(model, (), {"input_values": torch.randn(2, 170)}, strict=False,
-                            dynamic_shapes={"input_values": {0: torch.export.Dim("b", min=1), 1: torch.export.Dim("s", min=30)}})
+    try:  # torch.export's own refusal of these ranges (up to torch 2.13; 2.15 proves them itself)
+        with torch.no_grad():
+            torch.export.export(model, (), {"input_values": torch.randn(2, 170)}, strict=False,
+                                dynamic_shapes={"input_values": {0: torch.export.Dim("b", min=1), 1: torch.export.Dim("s", min=30)}})
+        refused = False
+    except Exception as error:
+        assert "Constraints violated" in str(error), error
+        refused = True
 
     graph_module = export_trace(model, {"input_values": torch.randn(2, 170)}, DIMS)
 
     notes = graph_module.meta["trace_report"]["notes"]
-    assert any("exported as Dim.DYNAMIC" in note for note in notes), notes
-    assert any("checked at every size" in note for note in notes), notes
+    if refused:  # then aot exported with Dim.DYNAMIC and proved torch's guards over the ranges itself
+        assert any("exported as Dim.DYNAMIC" in note for note in notes), notes
+        assert any("checked at every size" in note for note in notes), notes
     for batch, samples in ((1, 171), (3, 333), (2, 1000)):
         inputs = {"input_values": torch.randn(batch, samples)}
         with torch.no_grad():
