@@ -77,7 +77,7 @@ def accuracy_data(loaded: LoadedRecipe, model: torch.nn.Module | None, tokenizer
         return None
     if spec.data.endswith(".safetensors"):
         return _tensor_batches(loaded, spec)
-    texts = list(loaded.recipe.inputs.texts or []) if spec.data == "texts" else _read_texts(loaded, spec)
+    texts = list(loaded.recipe.inputs.texts or []) if spec.data == "texts" else read_texts(loaded, spec)
     if tokenizer is None:
         from aot.models import load_tokenizer
 
@@ -86,7 +86,7 @@ def accuracy_data(loaded: LoadedRecipe, model: torch.nn.Module | None, tokenizer
     return _text_batches(loaded, spec, texts, tokenizer)
 
 
-def _read_texts(loaded: LoadedRecipe, spec: AccuracySpec) -> list[str]:
+def read_texts(loaded: LoadedRecipe, spec: AccuracySpec) -> list[str]:
     path = accuracy_data_path(loaded)
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if path.suffix == ".txt":

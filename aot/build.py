@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from aot.bundle import DEPLOYMENT_KEY, Deployment, write_deployment_files
 from aot.capture import capture
 from aot.compat.torch_private import EXPORT_STACK_MODULES
 from aot.compat.window import warn_outside_window
@@ -55,6 +56,7 @@ class BuildReport:
     peak_rss_by_stage: dict[str, float] = field(default_factory=dict)
     onnx_fusions: dict[str, int] = field(default_factory=dict)
     generation: list[GenerationCheck] = field(default_factory=list)
+    deployment: Deployment | None = None
 
     @property
     def ok(self) -> bool:
@@ -130,6 +132,8 @@ def _build(
 
     with staged_directory(target) as staging:
         _write(lambda path, text: path.write_text(text, encoding="utf-8"), staging / "recipe.yaml", loaded.text)
+        with stage("deployment_files"):
+            report.deployment = write_deployment_files(loaded, model, staging)
         onnx_names = onnx_input_names(loaded, model)
         onnx = OnnxStage.start(recipe.export.onnx, graph_module, model, cases, staging / "model.onnx",
                                dynamic_axes(loaded, model), dim_ranges(loaded, model), on_child=memory.track,
@@ -250,6 +254,7 @@ def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
         "validation": [c.to_json() for c in report.validation],
         "accuracy": [a.to_json() for a in report.accuracy],
         "generation": [g.to_json() for g in report.generation],
+        DEPLOYMENT_KEY: report.deployment.to_json() if report.deployment is not None else None,
         "artifacts": report.files,
         # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.
         "run": {

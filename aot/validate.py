@@ -385,6 +385,8 @@ def validate_directory(
         integrity = verify_directory(directory, expect_sha256)
     directory = Path(directory)
     loaded = recipe_of_build(directory, integrity.manifest, recipe_path)
+    with stage("check_tokenizer"):
+        check_deployment_tokenizer(loaded, directory, integrity.manifest)
     with stage("load_model"):
         model = load_model(loaded)
         cases = shape_cases(loaded, model)
@@ -404,6 +406,19 @@ def validate_directory(
             report.generation = generation.check_files(directory, integrity.sha256_of)
     raise_on_failure(report.validation, report.accuracy + report.generation)
     return report
+
+
+def check_deployment_tokenizer(loaded: LoadedRecipe, directory: Path, manifest: dict) -> None:
+    """The tokenizer the directory ships encodes the build's texts as the recipe's own tokenizer does (exit 5 if not)."""
+    from aot.bundle import DEPLOYMENT_KEY, check_shipped_tokenizer
+    from aot.models import load_tokenizer
+    from aot.recipe import tokenizer_directory
+
+    deployment = manifest.get(DEPLOYMENT_KEY) or {}
+    source = tokenizer_directory(loaded)
+    if not deployment.get("tokenizer") or source is None:
+        return
+    check_shipped_tokenizer(loaded, directory, load_tokenizer(loaded, source))
 
 
 def generation_reference(loaded: LoadedRecipe, model: torch.nn.Module):

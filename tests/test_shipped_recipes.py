@@ -250,3 +250,56 @@ def test_plain_onnx_runtime_greedy_loop_makes_eagers_tokens(builds, name):
     if window is not None:  # the cache of a sliding-window model stays bounded however far it decodes
         assert longest_past <= window - 1, longest_past
     assert len({int(t) for t in expected[0]}) > 8, "random weights that emit few distinct tokens would prove little"
+
+
+@pytest.mark.parametrize("name", BUILDABLE)
+def test_the_build_directory_ships_what_a_deployment_needs(builds, name):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from aot.recipe import is_decoder_with_cache, tokenizer_directory
+
+    loaded = load_recipe(RECIPES_DIR / name)
+    manifest = json.loads((builds[name] / "manifest.json").read_text())
+    deployment = manifest["deployment"]
+    assert deployment["config"] == "config.json" and "config.json" in manifest["artifacts"]
+    config = AutoConfig.from_pretrained(str(builds[name]))
+    inline = loaded.recipe.model.config
+    assert config.model_type and (inline is None or config.model_type == inline["model_type"]), config.model_type
+    assert (deployment["generation_config"] == "generation_config.json") == is_decoder_with_cache(loaded)
+    source = tokenizer_directory(loaded)
+    if source is None:
+        assert deployment["tokenizer"] == [] and "tokenizer" in deployment["missing"], deployment
+        return
+    assert deployment["tokenizer"] and all(file in manifest["artifacts"] for file in deployment["tokenizer"])
+    assert deployment["texts_checked"] > 0
+    shipped, original = AutoTokenizer.from_pretrained(str(builds[name])), AutoTokenizer.from_pretrained(str(source))
+    for text in ["A man is eating food.", "Ahead-of-time builds, with ünïcödé and 123 numbers."]:
+        assert shipped(text)["input_ids"] == original(text)["input_ids"]
+
+
+def _rehash(directory: Path, relative: str) -> None:
+    """The manifest re-hashed after ``relative`` changed, as someone who can write the directory would."""
+    import hashlib
+
+    manifest = json.loads((directory / "manifest.json").read_text())
+    data = (directory / relative).read_bytes()
+    manifest["artifacts"][relative] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def test_validate_catches_a_changed_and_a_missing_tokenizer_file(builds, tmp_path, cli):
+    import shutil
+
+    directory = Path(shutil.copytree(builds["minilm.yaml"], tmp_path / "minilm"))
+    assert cli("validate", directory).exit_code == 0, "the precondition: the build validates as shipped"
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["man"], vocab["food"] = vocab["food"], vocab["man"]  # two words of the recipe's first text swap ids
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert cli("validate", directory).exit_code == 7, "changed, not re-hashed: an integrity failure"
+    _rehash(directory, "tokenizer.json")
+    result = cli("validate", directory)
+    assert result.exit_code == 5 and "encodes 'A man is eating food.' differently" in result.stderr, result.described
+    (directory / "tokenizer_config.json").unlink()
+    result = cli("validate", directory)
+    assert result.exit_code == 7 and "tokenizer_config.json: listed in manifest.json but missing" in result.stderr, result.described
