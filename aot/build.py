@@ -20,6 +20,7 @@ import torch
 
 from aot.bundle import DEPLOYMENT_KEY, Deployment, write_deployment_files
 from aot.capture import capture
+from aot.consent import remember_build
 from aot.compat.torch_private import EXPORT_STACK_MODULES
 from aot.compat.window import warn_outside_window
 from aot.decoding.generation_check import GenerationCheck
@@ -179,6 +180,7 @@ def _build(
         _note_time_and_memory(report, memory, started)
         manifest_path = _write(write_manifest, staging, _manifest(loaded, report))
         report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+        remember_build(report.manifest_sha256)  # this machine built it: its code may run here later (aot.consent)
 
 
 # What the ONNX export (in its forked child, on the critical path) and the artifact checks import

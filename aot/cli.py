@@ -203,19 +203,27 @@ _EXPECT_SHA256 = click.option(
 )
 
 
+_TRUST_CODE = click.option(
+    "--trust-code", is_flag=True,
+    help="Run module.py (and recipe.yaml's factory) from a directory this machine did not build, without its digest.",
+)
+
+
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.option("--recipe", type=click.Path(dir_okay=False, path_type=str), help="Recipe to rebuild the eager model from.")
 @_EXPECT_SHA256
+@_TRUST_CODE
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
-def validate(context: click.Context, directory: str, recipe: str | None, expect_sha256: str | None, as_json: bool) -> None:
+def validate(context: click.Context, directory: str, recipe: str | None, expect_sha256: str | None, trust_code: bool,
+             as_json: bool) -> None:
     """Re-check a build directory: every file against the manifest first, then numerics against the eager model."""
 
     def run(progress: _StderrProgress) -> Any:
         from aot.validate import validate_directory
 
-        return validate_directory(directory, recipe, expect_sha256, progress=progress)
+        return validate_directory(directory, recipe, expect_sha256, progress=progress, trust_code=trust_code)
 
     report = _with_progress(context.obj["debug"], run)
     if as_json:
@@ -252,10 +260,11 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
 @click.option("--new-tokens", default=32, show_default=True, help="A decoder build: tokens each timed generation makes (its dims: -s batch=1,2 -s prompt=32,128).")
 @_EXPECT_SHA256
+@_TRUST_CODE
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
 def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, gap_ms, in_process, new_tokens,
-                  expect_sha256, as_json) -> None:
+                  expect_sha256, trust_code, as_json) -> None:
     """Time eager, the saved GraphModule and ONNX Runtime, each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
@@ -277,7 +286,8 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
             directory = run_build(target, output, progress=progress).output
         report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
                        tick=progress.tick, progress=progress, expect_sha256=expect_sha256,
-                       mode="in-process" if in_process else "processes", gap_ms=gap_ms, new_tokens=new_tokens)
+                       mode="in-process" if in_process else "processes", gap_ms=gap_ms, new_tokens=new_tokens,
+                       trust_code=trust_code)
         if chart:
             from aot.bench.chart import draw_chart
 

@@ -33,6 +33,7 @@ import torch
 from aot.accuracy import AccuracyResult, Gate, make_gate
 from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
 from aot.inputs import ShapeCase, onnx_input_names, shape_cases
+from aot.consent import require_consent
 from aot.integrity import verify_directory
 from aot.manifest import MANIFEST_NAME
 from aot.memory import release_freed_memory
@@ -373,6 +374,7 @@ def validate_directory(
     recipe_path: str | Path | None = None,
     expect_sha256: str | None = None,
     progress: Progress | None = None,
+    trust_code: bool = False,
 ) -> DirectoryReport:
     """``aot validate DIR``: every file against the manifest, then every artifact against eager.
 
@@ -383,6 +385,7 @@ def validate_directory(
     stage = Stages(progress)
     with stage("check_files"):
         integrity = verify_directory(directory, expect_sha256)
+        require_consent(Path(directory), integrity.manifest_sha256, expect_sha256, trust_code, "aot validate")
     directory = Path(directory)
     loaded = recipe_of_build(directory, integrity.manifest, recipe_path)
     with stage("check_tokenizer"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -9,6 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from aot.cli import main
+
+# The builds of this session record themselves here (aot.consent), not in the user's cache; the
+# processes the tests start inherit it.
+os.environ["AOT_CACHE_DIR"] = tempfile.mkdtemp(prefix="aot-test-cache-")
 
 TINY_BERT = """\
 model:
@@ -78,10 +84,14 @@ def copy_build(tiny_build, tmp_path):
     return copy
 
 
-def run_aot(*args, cwd=None, timeout=600):
-    """``aot ARGS`` in a fresh process, as a release job runs it: the console entry point, signals and all."""
+def run_aot(*args, cwd=None, timeout=600, env=None, input=None):
+    """``aot ARGS`` in a fresh process, as a release job runs it: the console entry point, signals and all.
+
+    ``env``: variables set on top of this process's; ``input``: its standard input.
+    """
     import subprocess
     import sys
 
     command = [sys.executable, "-c", "from aot.cli import entry_point; entry_point()", *map(str, args)]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, input=input)

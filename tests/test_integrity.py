@@ -125,3 +125,44 @@ def test_not_a_build_directory_is_a_usage_error(tmp_path):
     result = run_aot("validate", tmp_path)
     assert result.returncode == 2 and "not an aot build directory" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["validate", "bench"])
+def test_a_rehashed_module_py_runs_under_no_command_without_consent(copy_build, tmp_path, command):
+    build, marker = copy_build(), tmp_path / "payload-ran"
+    _plant_payload(build, marker)
+    _rehash(build, "graph_module/module.py")  # the files and the manifest agree: only consent stands in the way
+    extra = ["--runs", "1", "--no-memory"] if command == "bench" else []
+    _assert_integrity_failure(run_aot(command, build, *extra), "did not build", "--expect-sha256", "--trust-code")
+    assert not marker.exists()
+    if command == "validate":  # consent given, the payload runs: the refusal above was the only guard
+        run_aot(command, build, "--trust-code", *extra)
+        assert marker.read_text() == PAYLOAD_MARK
+
+
+def test_a_rehashed_recipe_factory_runs_without_consent_under_no_command(copy_build, tmp_path):
+    build, marker = copy_build(), tmp_path / "factory-ran"
+    manifest = json.loads((build / "manifest.json").read_text())
+    manifest["recipe"]["path"] = str(tmp_path / "gone.yaml")  # so the directory's own copy is the one used
+    recipe = build / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace(
+        "  config:", f"  factory: subprocess:call\n  factory_kwargs: {{args: [touch, {marker}]}}\n  cfg:", 1))
+    manifest["recipe"]["sha256"] = hashlib.sha256(recipe.read_bytes()).hexdigest()
+    (build / "manifest.json").write_text(json.dumps(manifest))
+    _rehash(build, "recipe.yaml")
+    for command, extra in (("validate", []), ("bench", ["--runs", "1", "--no-memory"])):
+        _assert_integrity_failure(run_aot(command, build, *extra), "did not build")
+    assert not marker.exists()
+
+
+def test_a_build_of_this_machine_and_a_published_digest_are_consent(copy_build, tmp_path):
+    from aot.consent import built_here
+
+    build = copy_build()
+    digest = _manifest_sha256(build)
+    assert built_here(digest), "the precondition: aot build recorded it"
+    assert run_aot("validate", build).returncode == 0
+    env_without_record = {"AOT_CACHE_DIR": str(tmp_path / "another-machine")}
+    refused = run_aot("validate", build, env=env_without_record)
+    _assert_integrity_failure(refused, "did not build")
+    assert run_aot("validate", build, "--expect-sha256", digest, env=env_without_record).returncode == 0

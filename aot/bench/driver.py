@@ -42,6 +42,7 @@ import numpy as np
 
 from aot.bench.worker import RunnerHost, RunnerSpec
 from aot.errors import AotError, RecipeError
+from aot.consent import require_consent
 from aot.integrity import verify_directory
 from aot.recipe import LoadedRecipe, is_decoder_with_cache
 from aot.stages import Progress, Stages
@@ -139,6 +140,7 @@ def bench(
     mode: str = "processes",
     gap_ms: float = 50.0,
     new_tokens: int = 32,
+    trust_code: bool = False,
 ) -> BenchReport:
     if mode not in MODES:
         raise RecipeError(f"bench mode '{mode}' is not one of {', '.join(MODES)}")
@@ -146,6 +148,7 @@ def bench(
     stage = Stages(progress)
     with stage("check_files"):
         integrity = verify_directory(directory, expect_sha256)
+        require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "aot bench")
         loaded = recipe_of_build(directory, integrity.manifest)
     shapes = grid_shapes(loaded, grid or {})
     if peers and is_decoder_with_cache(loaded):
