@@ -6,3 +6,10 @@ deployable artifacts with a manifest that proves what was built.
 """
 
 __version__ = "0.1.0"
+
+
+def load(directory, runtime: str = "onnx", **options):
+    """A verified build directory as a model that takes text: see :mod:`aot.run.built_model`."""
+    from aot.run import load as load_build
+
+    return load_build(directory, runtime, **options)

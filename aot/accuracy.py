@@ -199,8 +199,8 @@ def _as_tensors(outputs: Any) -> Any:
 
 
 def _metrics(data: AccuracyData, expected: list, got: list, spec: AccuracySpec, wanted: dict[str, float]) -> dict[str, float]:
-    reference = torch.cat([_vectors(e, b, spec.pooling) for e, b in zip(expected, data.batches)])[: data.examples]
-    candidate = torch.cat([_vectors(g, b, spec.pooling) for g, b in zip(got, data.batches)])[: data.examples]
+    reference = torch.cat([pooled_vectors(e, b, spec.pooling) for e, b in zip(expected, data.batches)])[: data.examples]
+    candidate = torch.cat([pooled_vectors(g, b, spec.pooling) for g, b in zip(got, data.batches)])[: data.examples]
     cosine = torch.nn.functional.cosine_similarity(reference, candidate, dim=1)
     metrics = {"cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min())}
     if "top1_agreement" in wanted:
@@ -210,7 +210,7 @@ def _metrics(data: AccuracyData, expected: list, got: list, spec: AccuracySpec, 
     return metrics
 
 
-def _vectors(output: Any, batch: Batch, pooling: str) -> torch.Tensor:
+def pooled_vectors(output: Any, batch: Batch, pooling: str) -> torch.Tensor:
     values = torch.as_tensor(output).to(torch.float64)
     if values.dim() == 2 or pooling == "none":
         return values.reshape(values.shape[0], -1)

@@ -84,12 +84,12 @@ def write_deployment_files(loaded: LoadedRecipe, model: Any, directory: Path) ->
             if generation is not None:
                 generation.save_pretrained(str(directory))
                 deployment.generation_config = "generation_config.json"
-    _write_tokenizer(loaded, directory, deployment)
+    _write_tokenizer(loaded, directory, deployment, inner)
     _write_processor(loaded, directory, deployment)
     return deployment
 
 
-def _write_tokenizer(loaded: LoadedRecipe, directory: Path, deployment: Deployment) -> None:
+def _write_tokenizer(loaded: LoadedRecipe, directory: Path, deployment: Deployment, inner: Any) -> None:
     source = tokenizer_directory(loaded)
     if source is None:
         deployment.missing["tokenizer"] = "the model is built from a config and the recipe names no tokenizer"
@@ -97,6 +97,9 @@ def _write_tokenizer(loaded: LoadedRecipe, directory: Path, deployment: Deployme
     from aot.models import load_tokenizer
 
     tokenizer = load_tokenizer(loaded, source, _tokenizer_key(loaded))
+    vocabulary = getattr(inner.config.get_text_config(), "vocab_size", None) if inner is not None else None
+    if vocabulary is not None and len(tokenizer) > vocabulary:
+        raise loaded.error(_tokenizer_key(loaded)[:-1], f"its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {vocabulary}")
     before = {path.name for path in directory.iterdir()}
     tokenizer.save_pretrained(str(directory))
     deployment.tokenizer = sorted(path.name for path in directory.iterdir() if path.name not in before)
@@ -115,19 +118,33 @@ def _write_processor(loaded: LoadedRecipe, directory: Path, deployment: Deployme
 
 
 def _tokenizer_key(loaded: LoadedRecipe) -> tuple:
-    accuracy = loaded.recipe.validate_.accuracy
-    return ("validate", "accuracy", "tokenizer", "pretrained") if accuracy is not None and accuracy.tokenizer else ("model", "pretrained")
+    accuracy, generation = loaded.recipe.validate_.accuracy, loaded.recipe.generation
+    if accuracy is not None and accuracy.tokenizer:
+        return ("validate", "accuracy", "tokenizer", "pretrained")
+    if generation is not None and generation.tokenizer:
+        return ("generation", "tokenizer", "pretrained")
+    return ("model", "pretrained")
+
+
+# Checked besides the build's own texts, so that every shipped tokenizer is held to something: cases,
+# punctuation, digits, accents, a word split into pieces, and characters outside Latin script.
+PROBE_TEXTS = (
+    "Hello, world! Ahead-of-time builds make deployments reproducible.",
+    "The 3 quick brown foxes jumped over 12.5 lazy dogs; naïve café, résumé.",
+    "Tokenization splits uncharacteristically long words into pieces.",
+    "日本語のテキストと emoji 🙂 mixed in.",
+)
 
 
 def texts_used(loaded: LoadedRecipe) -> list[str]:
-    """Every text the build tokenised: ``inputs.texts``, then the accuracy gate's text data."""
+    """Every text the build tokenised (``inputs.texts``, then the accuracy gate's text data), then the probes."""
     texts = list(loaded.recipe.inputs.texts or [])
     accuracy = loaded.recipe.validate_.accuracy
     if accuracy is not None and not accuracy.data.endswith(".safetensors") and accuracy.data != "texts":
         from aot.accuracy import read_texts
 
         texts += read_texts(loaded, accuracy)
-    return list(dict.fromkeys(texts))
+    return list(dict.fromkeys([*texts, *PROBE_TEXTS]))
 
 
 def check_shipped_tokenizer(loaded: LoadedRecipe, directory: Path, reference: Any) -> int:

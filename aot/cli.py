@@ -346,6 +346,88 @@ def _print_bench(report) -> None:
         console.print("build stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in report.build_stages_s.items()))
 
 
+@main.command(name="run")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("texts", nargs=-1)
+@click.option("--runtime", type=click.Choice(["onnx", "torch"]), default="onnx", show_default=True,
+              help="ONNX Runtime, or graph_module/module.py with torch (code: see --trust-code).")
+@click.option("--file", "file", type=click.Path(dir_okay=False, path_type=str),
+              help="Texts from a file: one a line, or JSONL (.jsonl) with --field. Without TEXT or --file: stdin.")
+@click.option("--field", help="The JSONL field that holds the text (default for .jsonl: text).")
+@click.option("--pooling", type=click.Choice(["mean", "cls", "none"]), help="An encoder's pooling (default: the recipe's, else mean).")
+@click.option("--similarity", is_flag=True, help="An encoder: the cosine similarity of every pair of texts.")
+@click.option("--top", default=3, show_default=True, help="A classifier: labels shown per text.")
+@click.option("--max-new-tokens", default=32, show_default=True, help="A decoder: tokens generated per prompt (greedy; stops at eos).")
+@click.option("--threads", type=int, help="ONNX Runtime's intra-op threads (default: its own).")
+@_EXPECT_SHA256
+@_TRUST_CODE
+@click.option("--json", "as_json", is_flag=True, help="Print the answers as JSON on stdout.")
+@click.pass_context
+def run_command(context, directory, texts, runtime, file, field, pooling, similarity, top, max_new_tokens, threads,
+                expect_sha256, trust_code, as_json) -> None:
+    """Run a build directory's artifact on real input: an encoder's embeddings or similarities, a classifier's
+    labels, a decoder's generated text. Files are checked against the manifest first."""
+
+    def run(progress: _StderrProgress) -> Any:
+        from aot.run import load
+        from aot.run.answers import answer, texts_from
+
+        inputs = texts_from(texts, file, field, sys.stdin)
+        model = load(directory, runtime, expect_sha256=expect_sha256, trust_code=trust_code, threads=threads)
+        with _BatchBar(len(inputs)) as bar:
+            return answer(model, inputs, similarity=similarity, pooling=pooling, top=top, max_new_tokens=max_new_tokens,
+                          on_batch=bar.update)
+
+    result = _with_progress(context.obj["debug"], run)
+    click.echo(json.dumps(result, indent=2) if as_json else _answers_text(result))
+
+
+class _BatchBar:
+    """A progress bar on stderr (a terminal only) while many texts run."""
+
+    def __init__(self, total: int) -> None:
+        self._progress = None
+        if total > 32 and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self._progress = Progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_stderr_console(), transient=True)
+            self._task = self._progress.add_task("texts", total=total)
+
+    def __enter__(self) -> _BatchBar:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, done: int, total: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)
+
+
+def _answers_text(result: dict[str, Any]) -> str:
+    """The answers for people: one line a text (a similarity matrix for --similarity)."""
+    items = result["items"]
+    if "similarity" in result:
+        matrix = result["similarity"]
+        if len(matrix) == 2:
+            return f"similarity: {matrix[0][1]:.4f}"
+        header = "      " + "".join(f"{j + 1:>8}" for j in range(len(matrix)))
+        return "\n".join([header] + [f"{i + 1:>6}" + "".join(f"{value:8.4f}" for value in row) for i, row in enumerate(matrix)])
+    if result["task"] == "decoder":
+        return "\n".join(f"{item['prompt']} {item['generated']}" for item in items)
+    if result["task"] == "classifier":
+        return "\n".join(f"{item['text']}: " + ", ".join(f"{l['label']} {l['score']:.3f}" for l in item["labels"]) for item in items)
+    lines = []
+    for item in items:
+        vector = item["embedding"]
+        head = ", ".join(f"{value:.4f}" for value in vector[:4])
+        lines.append(f"{item['text']}: [{head}, ...] ({len(vector)} dims, {result['pooling']} pooling)")
+    return "\n".join(lines)
+
+
 @main.command(name="passes")
 @click.option("--json", "as_json", is_flag=True, help="Print the registry as JSON.")
 def list_passes(as_json: bool) -> None:

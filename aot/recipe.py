@@ -265,11 +265,16 @@ def pretrained_directory(loaded: LoadedRecipe) -> Path:
 
 
 def tokenizer_directory(loaded: LoadedRecipe) -> Path | None:
-    """The directory whose tokenizer encodes text: the accuracy gate's own, else the pretrained model's; None if neither."""
+    """The directory whose tokenizer encodes text: the accuracy gate's own, else a decoder's (``generation.tokenizer``),
+    else the pretrained model's; None if none."""
     accuracy = loaded.recipe.validate_.accuracy
     source = accuracy.tokenizer if accuracy is not None else None
     if source is not None:
         return _resolved_directory(loaded, source.pretrained, source.package, ("validate", "accuracy", "tokenizer", "package"))
+    generation = loaded.recipe.generation
+    if generation is not None and generation.tokenizer is not None:
+        source = generation.tokenizer
+        return _resolved_directory(loaded, source.pretrained, source.package, ("generation", "tokenizer", "package"))
     return pretrained_directory(loaded) if loaded.recipe.model.pretrained is not None else None
 
 

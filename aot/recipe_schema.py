@@ -333,6 +333,10 @@ class GenerationSpec(_Strict):
     new_tokens: int = Field(
         32, ge=1, description="Tokens each artifact generates per validation prompt; they must equal eager generate's."
     )
+    tokenizer: TokenizerSource | None = Field(
+        None, description="The tokenizer the build ships for a decoder built from a config, so that `aot run` and "
+        "`aot.load` turn text into token ids and back; its vocabulary must fit the model's (vocab_size).",
+    )
     prompt_lengths: list[int] = Field(
         default_factory=lambda: [5, 11],
         min_length=1,

@@ -1,0 +1,214 @@
+"""``aot.load(DIR)``: a verified build directory as a model that takes text and answers in the task's terms.
+
+    model = aot.load("out/minilm")                 # ONNX Runtime; runtime="torch" runs module.py
+    model.embed(["A man is eating food.", "A man eats."])      # (2, 384): the recipe's pooling
+    model.similarity(["A man is eating food.", "A man eats."]) # (2, 2) cosine similarities
+    model.classify(["great film"])                 # [[("POSITIVE", 0.93), ...]]: id2label, softmax
+    model.generate("Once upon a time", max_new_tokens=20)      # greedy text, stops at eos
+    model({"input_ids": ..., "attention_mask": ...})           # token ids in, outputs out
+
+Every file is checked against the manifest first, as ``aot validate`` does (exit 7 on a mismatch),
+and ``runtime="torch"`` runs ``module.py`` only with consent (:mod:`aot.consent`). The tokenizer and
+config are the ones the build shipped and checked (:mod:`aot.bundle`); nothing is read from
+elsewhere. Text longer than the build's largest sequence is truncated to it, and the result says
+which inputs were (``truncated``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aot.bundle import DEPLOYMENT_KEY
+from aot.consent import require_consent
+from aot.errors import RecipeError
+from aot.integrity import verify_directory
+
+from .artifacts import RUNTIMES, OnnxArtifact, TorchArtifact
+
+log = logging.getLogger(__name__)
+
+POOLINGS = ("mean", "cls", "none")
+_ONNX_FILE = "model.onnx"
+_MODULE_FILE = "graph_module/module.py"
+
+
+@dataclass
+class Encoded:
+    """Token inputs for a batch of texts, and the indices of the texts that were cut to the longest sequence."""
+
+    inputs: dict[str, torch.Tensor]
+    truncated: list[int] = field(default_factory=list)
+
+
+class BuiltModel:
+    """A build directory's artifact with its tokenizer and config; see the module docstring."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any], artifact: Any):
+        self.directory = directory
+        self.manifest = manifest
+        self.artifact = artifact
+        self.deployment = manifest.get(DEPLOYMENT_KEY) or {}
+        self.task = self.deployment.get("task", "encoder")
+        recipe = manifest["recipe"]["resolved"]
+        self._tensors = {tensor["name"]: tensor for tensor in recipe["inputs"]["tensors"]}
+        self._dims = recipe["inputs"]["dims"]
+        accuracy = (recipe.get("validate") or {}).get("accuracy") or {}
+        self.pooling = accuracy.get("pooling") or "mean"
+        self._tokenizer = None
+        self._config = None
+
+    # -- what the build shipped ------------------------------------------------------------------------------
+
+    @property
+    def runtime(self) -> str:
+        return self.artifact.runtime
+
+    @property
+    def tokenizer(self) -> Any:
+        """The shipped tokenizer (``AutoTokenizer`` on the build directory); a clear error where none ships."""
+        if self._tokenizer is None:
+            if not self.deployment.get("tokenizer"):
+                why = (self.deployment.get("missing") or {}).get("tokenizer", "its manifest names none")
+                raise RecipeError(f"{self.directory}: this build ships no tokenizer ({why}): pass token ids instead")
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
+        return self._tokenizer
+
+    @property
+    def config(self) -> Any:
+        """The shipped ``config.json`` as transformers reads it; None where the build has none."""
+        if self._config is None and self.deployment.get("config"):
+            from transformers import AutoConfig
+
+            self._config = AutoConfig.from_pretrained(str(self.directory), local_files_only=True)
+        return self._config
+
+    @property
+    def max_sequence(self) -> int | None:
+        """The longest sequence the artifacts were built and validated for (the sequence dim's maximum)."""
+        names = {tensor["shape"][1] for tensor in self._tensors.values() if len(tensor.get("shape") or []) == 2}
+        sizes = [self._dims[name].get("max") or self._dims[name].get("size") for name in names if isinstance(name, str) and name in self._dims]
+        positions = getattr(self.config.get_text_config(), "max_position_embeddings", None) if self.config is not None else None
+        limits = [int(size) for size in sizes if size] + ([int(positions)] if positions else [])
+        return min(limits) if limits else None
+
+    # -- calls -----------------------------------------------------------------------------------------------
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Token (or pixel) inputs in, the artifact's outputs out, by name."""
+        return self.artifact(inputs)
+
+    def encode(self, texts: list[str]) -> Encoded:
+        """``texts`` as the artifact's inputs, padded to the longest, cut at :attr:`max_sequence`."""
+        _check_texts(texts)
+        limit = self.max_sequence
+        full = self.tokenizer(texts, truncation=False)["input_ids"]
+        truncated = [index for index, ids in enumerate(full) if limit is not None and len(ids) > limit]
+        encoded = self.tokenizer(texts, padding="longest", truncation=limit is not None, max_length=limit, return_tensors="pt")
+        inputs = {name: encoded[name].to(getattr(torch, self._tensors[name].get("dtype", "int64")))
+                  for name in self._tensors if name in encoded}
+        missing = [name for name in self._tensors if name not in inputs]
+        if missing:
+            raise RecipeError(f"{self.directory}: the shipped tokenizer gives no {', '.join(missing)} (it gives: {', '.join(encoded)})")
+        for index in truncated:
+            log.warning("text %d is %d tokens long: cut to the build's %d", index + 1, len(full[index]), limit)
+        return Encoded(inputs, truncated)
+
+    def embed(self, texts: list[str], pooling: str | None = None) -> tuple[torch.Tensor, list[int]]:
+        """One vector per text, pooled over its tokens (``pooling``, else the recipe's, else mean); and the truncated."""
+        pooling = pooling or self.pooling
+        if pooling not in POOLINGS:
+            raise RecipeError(f"pooling '{pooling}' is not one of {', '.join(POOLINGS)}")
+        encoded = self.encode(texts)
+        outputs = self.artifact(encoded.inputs)
+        name = "last_hidden_state" if "last_hidden_state" in outputs else next(iter(outputs))
+        from aot.accuracy import pooled_vectors
+
+        return pooled_vectors(outputs[name], encoded.inputs, pooling).to(torch.float32), encoded.truncated
+
+    def similarity(self, texts: list[str], pooling: str | None = None) -> tuple[torch.Tensor, list[int]]:
+        """Cosine similarity of every pair of ``texts``' embeddings, (n, n)."""
+        vectors, truncated = self.embed(texts, pooling)
+        unit = torch.nn.functional.normalize(vectors, dim=1)
+        return unit @ unit.T, truncated
+
+    def classify(self, texts: list[str], top: int = 3) -> tuple[list[list[tuple[str, float]]], list[int]]:
+        """The ``top`` labels of each text (``id2label``) with their softmax scores."""
+        encoded = self.encode(texts)
+        logits = self.artifact(encoded.inputs)["logits"].to(torch.float32)
+        scores = logits.softmax(dim=-1)
+        labels = getattr(self.config, "id2label", None) or {}
+        best = scores.topk(min(top, scores.shape[-1]), dim=-1)
+        return [[(labels.get(int(i), str(int(i))), float(s)) for s, i in zip(row_scores, row_ids)]
+                for row_scores, row_ids in zip(best.values, best.indices)], encoded.truncated
+
+    def generate(self, texts: list[str], max_new_tokens: int = 32) -> list[str]:
+        """Greedy continuations of ``texts`` (a batch, left padded), each stopping at the model's eos."""
+        _check_texts(texts)
+        if self.task != "decoder":
+            raise RecipeError(f"{self.directory}: a {self.task} build does not generate")
+        tokenizer = self.tokenizer
+        ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+        if any(not row for row in ids):
+            raise RecipeError("a prompt that the tokenizer turns into no tokens cannot be continued")
+        longest = max(len(row) for row in ids)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        input_ids = torch.tensor([[pad] * (longest - len(row)) + row for row in ids], dtype=torch.int64)
+        mask = torch.tensor([[0] * (longest - len(row)) + [1] * len(row) for row in ids], dtype=torch.int64)
+        eos = _eos_ids(self.directory)
+        tokens = self.artifact.generate(input_ids, mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+        new = tokens[:, longest:]
+        return [tokenizer.decode(_until_eos(row.tolist(), eos), skip_special_tokens=True) for row in new]
+
+
+def load(directory: str | Path, runtime: str = "onnx", *, expect_sha256: str | None = None, trust_code: bool = False,
+         threads: int | None = None) -> BuiltModel:
+    """A build directory, verified against its manifest, with the chosen artifact loaded; see the module docstring."""
+    if runtime not in RUNTIMES:
+        raise RecipeError(f"runtime '{runtime}' is not one of {', '.join(RUNTIMES)}")
+    directory = Path(directory)
+    integrity = verify_directory(directory, expect_sha256)
+    manifest = integrity.manifest
+    decoder = (manifest.get(DEPLOYMENT_KEY) or {}).get("task") == "decoder"
+    if runtime == "onnx":
+        if integrity.sha256_of(_ONNX_FILE) is None:
+            raise RecipeError(f"{directory}: this build has no ONNX model: use runtime 'torch'")
+        return BuiltModel(directory, manifest, OnnxArtifact(directory / _ONNX_FILE, decoder, threads))
+    if integrity.sha256_of(_MODULE_FILE) is None:
+        raise RecipeError(f"{directory}: this build has no GraphModule: use runtime 'onnx'")
+    require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "the torch runtime")
+    return BuiltModel(directory, manifest, TorchArtifact(directory / "graph_module", integrity.sha256_of(_MODULE_FILE)))
+
+
+def _check_texts(texts: list[str]) -> None:
+    if not texts:
+        raise RecipeError("no text given")
+    empty = [index + 1 for index, text in enumerate(texts) if not text.strip()]
+    if empty:
+        raise RecipeError(f"text {empty[0]} is empty")
+
+
+def _eos_ids(directory: Path) -> list[int] | None:
+    """The generation config's eos ids (an int or a list there)."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return None
+    import json
+
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    if eos is None:
+        return None
+    return [int(eos)] if isinstance(eos, int) else [int(token) for token in eos]
+
+
+def _until_eos(tokens: list[int], eos: list[int] | None) -> list[int]:
+    if not eos:
+        return tokens
+    cut = next((index for index, token in enumerate(tokens) if token in eos), len(tokens))
+    return tokens[:cut]

