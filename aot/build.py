@@ -21,13 +21,14 @@ import torch
 from aot.bundle import DEPLOYMENT_KEY, Deployment, write_deployment_files
 from aot.capture import capture
 from aot.consent import remember_build
+from aot.cuda_graphs import cuda_graph_spec
 from aot.compat.torch_private import EXPORT_STACK_MODULES
 from aot.compat.window import warn_outside_window
 from aot.decoding.generation_check import GenerationCheck
 from aot.eager_guard import check_after_each_pass
 from aot.errors import ExportError
 from aot.imports_beside import imports_beside
-from aot.inputs import check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
+from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.manifest import MANIFEST_VERSION, describe_files, hash_files, tool_versions, write_manifest
 from aot.memory import MemoryWatch, release_freed_memory, resident_mib
 from aot.onnx_stage import OnnxStage
@@ -151,7 +152,7 @@ def _build(
                     report.validation, report.accuracy = validate_graph(loaded, graph_module, cases, expected, gate)
                 if generation is not None:  # module.py then carries generate()
                     graph_module.meta["decoder"] = generation.artifact_meta
-                _write_graph_module(loaded, graph_module, staging, report, stage)
+                _write_graph_module(loaded, graph_module, staging, report, stage, cases)
                 hashed_beside_export = hash_files(staging)
                 if onnx.in_child:  # the child exports from its own view of the graph: this one goes now, not after
                     graph_module = None
@@ -230,12 +231,16 @@ def _tensor_bytes(model: torch.nn.Module) -> int:
 
 
 def _write_graph_module(
-    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, staging: Path, report: BuildReport, stage: Stages
+    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, staging: Path, report: BuildReport, stage: Stages,
+    cases: list[ShapeCase],
 ) -> None:
     from aot import export
 
-    if not loaded.recipe.export.graph_module.enabled:
+    spec = loaded.recipe.export.graph_module
+    if not spec.enabled:
         return
+    if spec.cuda_graphs:  # module.py then replays its buckets from CUDA graphs (aot.cuda_graphs)
+        graph_module.meta["cuda_graphs"] = cuda_graph_spec(spec.cuda_graphs, dynamic_axes(loaded), graph_module, cases)
     if loaded.graph_module_passes:
         with stage("graph_module_passes"):
             graph_module, records = run_pipeline(graph_module, loaded.graph_module_passes)

@@ -20,7 +20,7 @@ from typing import Any
 import pydantic
 
 from aot.errors import RecipeError, did_you_mean
-from aot.recipe_ranges import check_position_limit, check_validation_shapes
+from aot.recipe_ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes
 from aot.recipe_schema import PassSpec, Recipe
 from aot.recipe_yaml import Location, dotted, parse_recipe_yaml, read_recipe_text
 
@@ -73,6 +73,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
         raise _pydantic_error(path, lines, error, rename={"validate_": "validate"}, model=Recipe) from None
     loaded = LoadedRecipe(path=path, recipe=recipe, passes=[], text=text, lines=lines)
     check_validation_shapes(loaded)
+    check_cuda_graph_buckets(loaded)
     # The pass registry imports torch (seconds): everything above is reported without it.
     loaded.passes = _resolve_passes(loaded, loaded.recipe.passes, ("passes",))
     loaded.graph_module_passes = _resolve_passes(

@@ -45,6 +45,26 @@ def check_validation_shapes(loaded: LoadedRecipe) -> None:
                 raise loaded.error(location, f"{size} is above the max {dim.max} of dim '{name}'")
 
 
+def check_cuda_graph_buckets(loaded: LoadedRecipe) -> None:
+    """``export.graph_module.cuda_graphs`` names dynamic dims, sizes within their ranges, and no decoder step."""
+    buckets = loaded.recipe.export.graph_module.cuda_graphs
+    if not buckets:
+        return
+    prefix = ("export", "graph_module", "cuda_graphs")
+    if loaded.recipe.generation is not None and loaded.recipe.generation.cache:
+        raise loaded.error(prefix, "a decoder step's past grows every call: CUDA graph buckets are for encoders")
+    dims = loaded.recipe.inputs.dims
+    for name, sizes in buckets.items():
+        dim = dims.get(name)
+        if dim is None or not dim.dynamic:
+            raise loaded.error(prefix + (name,), f"'{name}' is no dynamic dim under inputs.dims")
+        if not sizes:
+            raise loaded.error(prefix + (name,), "name at least one size")
+        for index, size in enumerate(sizes):
+            if size < (dim.min or 1) or (dim.max is not None and size > dim.max):
+                raise loaded.error(prefix + (name, index), f"{size} lies outside dim '{name}' ({dim.min or 1} to {dim.max or 'no maximum'})")
+
+
 def shape_case_dims(loaded: LoadedRecipe) -> list[dict[str, int]]:
     """Every dim's size at each shape the build traces (the first) and validates, without repeats."""
     trace_dims = {name: dim.size for name, dim in loaded.recipe.inputs.dims.items()}

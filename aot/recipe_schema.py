@@ -8,7 +8,7 @@ one line naming the recipe file, the line and the key.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -256,6 +256,14 @@ class GraphModuleSpec(_Toggle):
         default_factory=list,
         description="Passes for this artifact only, run after the ONNX export (e.g. CPU weight prepacking, "
         "which ONNX cannot express). Same form as the top-level `passes`.",
+    )
+    cuda_graphs: dict[str, list[Annotated[int, Field(ge=1)]]] | None = Field(
+        None,
+        description="Shape buckets per dynamic dim, e.g. {batch: [1, 8, 32], sequence: [64, 128, 256]}: module.py "
+        "replays one CUDA graph per bucket (captured at its first call, or all at load with load(capture='all')), "
+        "padding a call up to the smallest bucket that holds it (the attention mask 0 over the padding) and slicing "
+        "the outputs back; beyond the largest bucket it runs uncaptured. The build validates the padded path at "
+        "every validation shape. Off CUDA the buckets only pad (nothing to capture).",
     )
 
 

@@ -54,17 +54,20 @@ def write_module_source(gm: torch.fx.GraphModule) -> tuple[str, ModuleTree]:
     code = _forward_code(gm, replacements)
     imports, bindings = _globals_block(code.globals, replacements)
     forward = _indent(code.src.strip("\n"), 1)
+    cuda_graphs = gm.meta.get("cuda_graphs")
     sections = [
         _header(gm),
         _runtime_source(),
         *(_runtime_module_source(name) for name in tree.runtime_modules),
+        _runtime_module_source(_CUDA_GRAPHS_MODULE) if cuda_graphs else "",
         generation_section(gm.meta.get("decoder")),
         "# --- names the graph code uses ---\n" + imports,
         _functions_block(functions),
         bindings,
         _tables(tree),
         _model_class(tree, forward, generate_method(gm.meta.get("decoder"))),
-        _LOAD_FUNCTION,
+        _cuda_graphs_table(cuda_graphs) if cuda_graphs else "",
+        _LOAD_FUNCTION if not cuda_graphs else _LOAD_FUNCTION_WITH_CUDA_GRAPHS,
     ]
     return "\n\n\n".join(section.strip("\n") for section in sections if section) + "\n", tree
 
@@ -305,6 +308,18 @@ def _indent(text: str, levels: int) -> str:
     return "\n".join(pad + line if line.strip() else "" for line in text.splitlines())
 
 
+_CUDA_GRAPHS_MODULE = "aot.runtime.cuda_graph_buckets"
+
+
+def _cuda_graphs_table(spec: dict[str, Any]) -> str:
+    """The buckets and axes ``CudaGraphBuckets`` needs, as a literal (``gm.meta["cuda_graphs"]``, set by the build)."""
+    import pprint
+
+    return "# --- shape buckets replayed from CUDA graphs (export.graph_module.cuda_graphs) ---\nCUDA_GRAPHS = " + pprint.pformat(
+        spec, sort_dicts=True, width=110
+    )
+
+
 _LOAD_FUNCTION = f'''
 def load(directory=None, keep_freed_memory=True):
     """Build the model on the meta device, then fill it with the weights saved beside this file.
@@ -327,3 +342,13 @@ def load(directory=None, keep_freed_memory=True):
     pack_then_page_out(model, mapping)
     return model
 '''
+
+# The same, then the model behind its CUDA graph buckets (aot.runtime.cuda_graph_buckets).
+_LOAD_FUNCTION_WITH_CUDA_GRAPHS = (
+    _LOAD_FUNCTION.replace("def load(directory=None, keep_freed_memory=True):", "def load(directory=None, keep_freed_memory=True, capture=\"lazy\"):")
+    .replace("    return model\n", "    return CudaGraphBuckets(model, CUDA_GRAPHS, capture)\n")
+    .replace("    file pages read for it are handed back (``pack_then_page_out`` above).\n",
+             "    file pages read for it are handed back (``pack_then_page_out`` above). On CUDA, calls replay a CUDA graph\n"
+             "    per shape bucket (``CudaGraphBuckets`` above): ``capture=\"all\"`` captures every bucket here, largest first;\n"
+             "    ``\"lazy\"`` each at its first call.\n")
+)

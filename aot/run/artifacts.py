@@ -67,20 +67,25 @@ class TorchArtifact:
         from aot.export import load_standalone
 
         self.model = load_standalone(directory, module_sha256)
-        self.input_names = [name for name in _forward_names(self.model)]
+        self.input_names = _forward_names(self.model)
 
     @torch.no_grad()
     def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         from aot.outputs import flatten_outputs
 
-        return flatten_outputs(self.model(**{name: value for name, value in inputs.items() if name in self.input_names}))
+        wanted = inputs if self.input_names is None else {name: value for name, value in inputs.items() if name in self.input_names}
+        return flatten_outputs(self.model(**wanted))
 
     @torch.no_grad()
     def generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id=None, pad_token_id=None) -> torch.Tensor:
         return self.model.generate(input_ids, attention_mask, max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
 
-def _forward_names(model: Any) -> list[str]:
+def _forward_names(model: Any) -> list[str] | None:
+    """The forward's parameter names; None where it takes any keyword (CUDA graph buckets pass all on)."""
     import inspect
 
-    return [name for name in inspect.signature(model.forward).parameters if name != "self"]
+    parameters = inspect.signature(model.forward).parameters
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return None
+    return [name for name in parameters if name != "self"]
