@@ -27,8 +27,9 @@ from pathlib import Path
 
 from environments import REPO, WATCHED, installed_versions, lower_bounds, make_venv, pip
 
-# Recipes that need hardware this machine may lack, and how to tell.
-_NEEDS = {"bert_cuda": ("a CUDA GPU", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)")}
+# What a recipe on a CUDA device needs, and how to tell whether this machine has it.
+_CUDA_DEVICE = re.compile(r"^\s+device:\s*cuda", re.MULTILINE)
+_HAS_CUDA = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 
 
 def main() -> int:
@@ -87,9 +88,8 @@ def _recipes(python: Path, venv: Path) -> list[dict]:
     rows = []
     aot = venv / "bin" / "aot"
     for recipe in sorted((REPO / "recipes").glob("*.yaml")):
-        need = _NEEDS.get(recipe.stem)
-        if need and subprocess.run([str(python), "-c", need[1]]).returncode != 0:
-            rows.append({"recipe": recipe.name, "status": "skipped", "detail": f"needs {need[0]}"})
+        if _CUDA_DEVICE.search(recipe.read_text()) and subprocess.run([str(python), "-c", _HAS_CUDA]).returncode != 0:
+            rows.append({"recipe": recipe.name, "status": "skipped", "detail": "needs a CUDA GPU"})
             continue
         with tempfile.TemporaryDirectory() as output:
             started = time.monotonic()

@@ -19,7 +19,7 @@ def test_every_declared_dependency_has_a_lower_bound_the_canary_can_install():
     bounds = environments.lower_bounds()
     assert set(environments.WATCHED) <= set(declared), "the precondition: the watched libraries are declared"
     assert set(bounds) == set(declared)
-    assert bounds["torch"] == "2.11" and bounds["transformers"] == "5.23"
+    assert bounds["torch"] == "2.13" and bounds["transformers"] == "5.23"
 
 
 def test_the_lock_pins_each_declared_dependency_inside_its_window():
