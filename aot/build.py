@@ -240,7 +240,8 @@ def _write_graph_module(
     if not spec.enabled:
         return
     if spec.cuda_graphs:  # module.py then replays its buckets from CUDA graphs (aot.cuda_graphs)
-        graph_module.meta["cuda_graphs"] = cuda_graph_spec(spec.cuda_graphs, dynamic_axes(loaded), graph_module, cases)
+        graph_module.meta["cuda_graphs"] = cuda_graph_spec(spec.cuda_graphs, dynamic_axes(loaded), graph_module, cases,
+                                                          loaded.recipe.model.device)
     if loaded.graph_module_passes:
         with stage("graph_module_passes"):
             graph_module, records = run_pipeline(graph_module, loaded.graph_module_passes)

@@ -8,7 +8,8 @@ the build writes into ``gm.meta["cuda_graphs"]``:
 - ``output_axes``: per output leaf (in ``torch.utils._pytree`` order), which axes follow a bucketed dim,
   found by running the graph at the build's shape cases: an axis follows a dim when its size is the
   dim's size in every case, and the cases differ in it;
-- ``pad_values``: 0 for every input (the attention mask is 0 over the padding).
+- ``pad_values``: 0 for every input (the attention mask is 0 over the padding);
+- ``device``: the recipe's, where ``load()`` puts a CUDA build's model (so that it can capture at load).
 
 A graph that a CUDA graph cannot capture is refused here, naming the node: a value read back to the
 CPU (``.item()``, ``.tolist()``, a tensor's size from its data), an assertion on a value, a copy to
@@ -62,7 +63,7 @@ def uncapturable(graph_module: torch.fx.GraphModule) -> tuple[str, str] | None:
 
 
 def cuda_graph_spec(buckets: dict[str, list[int]], input_axes: dict[str, dict[int, str]], graph_module: torch.fx.GraphModule,
-                    cases: list[ShapeCase]) -> dict[str, Any]:
+                    cases: list[ShapeCase], device: str) -> dict[str, Any]:
     """``gm.meta["cuda_graphs"]`` for ``buckets`` (see the module docstring); ExportError naming a node that refuses them."""
     refused = uncapturable(graph_module)
     if refused is not None:
@@ -74,6 +75,7 @@ def cuda_graph_spec(buckets: dict[str, list[int]], input_axes: dict[str, dict[in
         "input_axes": {name: {str(axis): dim for axis, dim in axes.items()} for name, axes in bucketed_inputs.items() if axes},
         "output_axes": _output_axes(graph_module, cases, list(buckets)),
         "pad_values": {name: 0 for name in bucketed_inputs},
+        "device": device,
     }
 
 

@@ -31,7 +31,8 @@ class CudaGraphBuckets(torch.nn.Module):
     """``model`` behind per-bucket CUDA graphs; see the module docstring.
 
     ``spec``: ``{"buckets": {dim: [sizes]}, "input_axes": {input: {axis: dim}}, "output_axes":
-    [{axis: dim} per output leaf], "pad_values": {input: value}}``, literals the build wrote.
+    [{axis: dim} per output leaf], "pad_values": {input: value}, "device": the build's}``, literals the build
+    wrote. A CUDA build's model moves to its device here, where CUDA is, so that ``capture="all"`` can capture.
     """
 
     def __init__(self, model, spec, capture="lazy"):
@@ -43,6 +44,9 @@ class CudaGraphBuckets(torch.nn.Module):
         self.pad_values = dict(spec.get("pad_values", {}))
         self.graphs = {}
         self.pool = None
+        device = spec.get("device", "cpu")
+        if device.startswith("cuda") and torch.cuda.is_available():
+            self.model.to(device)
         if capture == "all":
             self.capture_all()
         elif capture != "lazy":

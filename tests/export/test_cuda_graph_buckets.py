@@ -93,6 +93,7 @@ def test_the_saved_module_names_its_buckets_and_axes(bucketed):
     assert model.buckets == BUCKETS
     assert model.input_axes["attention_mask"] == {0: "batch", 1: "sequence"}
     assert model.output_axes == [{0: "batch", 1: "sequence"}, {0: "batch"}]  # last_hidden_state, pooler_output
+    assert not next(model.parameters()).is_cuda, "a CPU build stays on the CPU"
 
 
 def test_a_call_takes_the_smallest_bucket_that_holds_it(bucketed):
@@ -149,7 +150,8 @@ def test_buckets_are_checked_against_the_dims(tmp_path, edit, message):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_each_bucket_replays_a_captured_graph(tmp_path):
     directory = _build(tmp_path, RECIPE.replace("DEVICE", "cuda"))
-    model = _load(directory, capture="all").to("cuda")
+    model = _load(directory, capture="all")  # a CUDA build's model loads onto its device
+    assert next(model.parameters()).is_cuda
     assert len(model.graphs) == 6, "every bucket captured at load"
     for batch, sequence in [(1, 5), (3, 12), (8, 32)]:
         inputs = _inputs(batch, sequence, "cuda")
