@@ -297,8 +297,8 @@ def test_validate_catches_a_changed_and_a_missing_tokenizer_file(builds, tmp_pat
     vocab["man"], vocab["food"] = vocab["food"], vocab["man"]  # two words of the recipe's first text swap ids
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
     assert cli("validate", directory).exit_code == 7, "changed, not re-hashed: an integrity failure"
-    _rehash(directory, "tokenizer.json")
-    result = cli("validate", directory)
+    _rehash(directory, "tokenizer.json")  # a new manifest digest: this machine did not build it, so consent is given
+    result = cli("validate", directory, "--trust-code")
     assert result.exit_code == 5 and "encodes 'A man is eating food.' differently" in result.stderr, result.described
     (directory / "tokenizer_config.json").unlink()
     result = cli("validate", directory)
