@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from aot.outputs import flatten_outputs
-from aot.recipe import LoadedRecipe, accuracy_data_path, tokenizer_directory
+from aot.recipe import LoadedRecipe, accuracy_data_path, tokenizer_source
 from aot.recipe_schema import AccuracySpec, DimSpec
 
 Batch = dict[str, torch.Tensor]
@@ -81,8 +81,7 @@ def accuracy_data(loaded: LoadedRecipe, model: torch.nn.Module | None, tokenizer
     if tokenizer is None:
         from aot.models import load_tokenizer
 
-        key = ("validate", "accuracy", "tokenizer", "pretrained") if spec.tokenizer else ("model", "pretrained")
-        tokenizer = load_tokenizer(loaded, tokenizer_directory(loaded), key)
+        tokenizer = load_tokenizer(loaded, *tokenizer_source(loaded))
     return _text_batches(loaded, spec, texts, tokenizer)
 
 

@@ -7,7 +7,8 @@ and ``AutoConfig.from_pretrained(DIR)`` read them:
 
 - ``config.json``: the model's config (labels, special token ids, sizes);
 - the tokenizer's files (``tokenizer.json``, ``tokenizer_config.json``, ...) wherever the build
-  has a tokenizer: the pretrained directory's, or ``validate.accuracy.tokenizer``'s;
+  has a tokenizer: ``validate.accuracy.tokenizer``'s, a decoder's ``generation.tokenizer``, or the pretrained
+  directory's (``aot.recipe.tokenizer_source``);
 - the processor's (``preprocessor_config.json``) where the pretrained directory has one;
 - ``generation_config.json`` for a decoder (``generation.cache``).
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.errors import ValidationError
-from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory, tokenizer_directory
+from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory, tokenizer_source
 
 log = logging.getLogger(__name__)
 
@@ -90,20 +91,21 @@ def write_deployment_files(loaded: LoadedRecipe, model: Any, directory: Path) ->
 
 
 def _write_tokenizer(loaded: LoadedRecipe, directory: Path, deployment: Deployment, inner: Any) -> None:
-    source = tokenizer_directory(loaded)
+    source = tokenizer_source(loaded)
     if source is None:
         deployment.missing["tokenizer"] = "the model is built from a config and the recipe names no tokenizer"
         return
     from aot.models import load_tokenizer
 
-    tokenizer = load_tokenizer(loaded, source, _tokenizer_key(loaded))
+    directory_of_source, key = source
+    tokenizer = load_tokenizer(loaded, directory_of_source, key)
     vocabulary = getattr(inner.config.get_text_config(), "vocab_size", None) if inner is not None else None
     if vocabulary is not None and len(tokenizer) > vocabulary:
-        raise loaded.error(_tokenizer_key(loaded)[:-1], f"its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {vocabulary}")
+        raise loaded.error(key[:-1], f"its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {vocabulary}")
     before = {path.name for path in directory.iterdir()}
     tokenizer.save_pretrained(str(directory))
     deployment.tokenizer = sorted(path.name for path in directory.iterdir() if path.name not in before)
-    deployment.tokenizer_source = ".".join(map(str, _tokenizer_key(loaded)[:-1]))  # a recipe key: no machine's path
+    deployment.tokenizer_source = ".".join(map(str, key[:-1]))  # a recipe key: no machine's path
     deployment.texts_checked = check_shipped_tokenizer(loaded, directory, tokenizer)
 
 
@@ -115,15 +117,6 @@ def _write_processor(loaded: LoadedRecipe, directory: Path, deployment: Deployme
         if (source / name).is_file():
             (directory / name).write_bytes((source / name).read_bytes())
             deployment.processor.append(name)
-
-
-def _tokenizer_key(loaded: LoadedRecipe) -> tuple:
-    accuracy, generation = loaded.recipe.validate_.accuracy, loaded.recipe.generation
-    if accuracy is not None and accuracy.tokenizer:
-        return ("validate", "accuracy", "tokenizer", "pretrained")
-    if generation is not None and generation.tokenizer:
-        return ("generation", "tokenizer", "pretrained")
-    return ("model", "pretrained")
 
 
 # Checked besides the build's own texts, so that every shipped tokenizer is held to something: cases,

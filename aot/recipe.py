@@ -265,18 +265,23 @@ def pretrained_directory(loaded: LoadedRecipe) -> Path:
     return _resolved_directory(loaded, model.pretrained, model.package, ("model", "package"))
 
 
+def tokenizer_source(loaded: LoadedRecipe) -> tuple[Path, Location] | None:
+    """The directory whose tokenizer encodes text, and the recipe key that names it: the accuracy gate's own,
+    else a decoder's (``generation.tokenizer``), else the pretrained model's; None if none."""
+    accuracy, generation = loaded.recipe.validate_.accuracy, loaded.recipe.generation
+    for source, prefix in ((accuracy.tokenizer if accuracy is not None else None, ("validate", "accuracy", "tokenizer")),
+                           (generation.tokenizer if generation is not None else None, ("generation", "tokenizer"))):
+        if source is not None:
+            return _resolved_directory(loaded, source.pretrained, source.package, prefix + ("package",)), prefix + ("pretrained",)
+    if loaded.recipe.model.pretrained is not None:
+        return pretrained_directory(loaded), ("model", "pretrained")
+    return None
+
+
 def tokenizer_directory(loaded: LoadedRecipe) -> Path | None:
-    """The directory whose tokenizer encodes text: the accuracy gate's own, else a decoder's (``generation.tokenizer``),
-    else the pretrained model's; None if none."""
-    accuracy = loaded.recipe.validate_.accuracy
-    source = accuracy.tokenizer if accuracy is not None else None
-    if source is not None:
-        return _resolved_directory(loaded, source.pretrained, source.package, ("validate", "accuracy", "tokenizer", "package"))
-    generation = loaded.recipe.generation
-    if generation is not None and generation.tokenizer is not None:
-        source = generation.tokenizer
-        return _resolved_directory(loaded, source.pretrained, source.package, ("generation", "tokenizer", "package"))
-    return pretrained_directory(loaded) if loaded.recipe.model.pretrained is not None else None
+    """The directory of :func:`tokenizer_source`; None if the recipe has no tokenizer."""
+    source = tokenizer_source(loaded)
+    return source[0] if source is not None else None
 
 
 def _resolved_directory(loaded: LoadedRecipe, relative: str, package: str | None, package_key: Location) -> Path:

@@ -415,13 +415,13 @@ def check_deployment_tokenizer(loaded: LoadedRecipe, directory: Path, manifest: 
     """The tokenizer the directory ships encodes the build's texts as the recipe's own tokenizer does (exit 5 if not)."""
     from aot.bundle import DEPLOYMENT_KEY, check_shipped_tokenizer
     from aot.models import load_tokenizer
-    from aot.recipe import tokenizer_directory
+    from aot.recipe import tokenizer_source
 
     deployment = manifest.get(DEPLOYMENT_KEY) or {}
-    source = tokenizer_directory(loaded)
+    source = tokenizer_source(loaded)
     if not deployment.get("tokenizer") or source is None:
         return
-    check_shipped_tokenizer(loaded, directory, load_tokenizer(loaded, source))
+    check_shipped_tokenizer(loaded, directory, load_tokenizer(loaded, *source))
 
 
 def generation_reference(loaded: LoadedRecipe, model: torch.nn.Module):

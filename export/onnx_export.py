@@ -200,18 +200,6 @@ def quiet_exporter_logs():
         registration.setLevel(level)
 
 
-@contextlib.contextmanager
-def _no_node_stack_traces():
-    """torch.export and its decompositions without a Python stack trace recorded for every node.
-
-    The ONNX file drops them (:data:`_DROPPED_NODE_METADATA`: they hold file paths and line
-    numbers), and extracting and symbolising them was a second of BERT-base's export on
-    two cores. Errors keep their own tracebacks, which is what :func:`_exporter_reason` reads.
-    """
-    with fx_code_without_stack_traces():
-        yield
-
-
 def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations):
     try:
         # Quieted here, not by the caller: the build runs this in a forked child, whose stderr is
@@ -219,7 +207,10 @@ def _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimiz
         with (
             quiet_exporter_logs(),
             quiet_torch("torch.onnx.export"),
-            _no_node_stack_traces(),
+            # No Python stack trace recorded per node: the ONNX file drops them (_DROPPED_NODE_METADATA: file
+            # paths and line numbers), and symbolising them was a second of BERT-base's export on two cores.
+            # Errors keep their own tracebacks, which is what _exporter_reason reads.
+            fx_code_without_stack_traces(),
             only_needed_decompositions(),  # not a second trace of the whole program
         ):
             program = torch.onnx.export(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import rehash_manifest as _rehash
 from tests.conftest import run_aot
 
 PAYLOAD_MARK = "aot-test-payload-ran"
@@ -17,14 +18,6 @@ PAYLOAD_MARK = "aot-test-payload-ran"
 def _plant_payload(build: Path, marker: Path) -> None:
     module = build / "graph_module" / "module.py"
     module.write_text(module.read_text() + f"\nopen({str(marker)!r}, 'w').write({PAYLOAD_MARK!r})\n")
-
-
-def _rehash(build: Path, relative: str) -> None:
-    """What anyone who can write the directory can do: make the manifest agree with a changed file."""
-    manifest = json.loads((build / "manifest.json").read_text())
-    data = (build / relative).read_bytes()
-    manifest["artifacts"][relative] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (build / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
 def _manifest_sha256(build: Path) -> str:

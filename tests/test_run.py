@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +11,7 @@ import torch
 
 import aot
 from aot.build import build
-from tests.conftest import run_aot
+from tests.conftest import rehash_manifest, run_aot
 
 pytestmark = pytest.mark.slow
 
@@ -160,9 +159,7 @@ def test_the_torch_runtime_runs_a_rehashed_module_py_only_with_consent(builds, t
     marker = tmp_path / "payload-ran"
     module = directory / "graph_module" / "module.py"
     module.write_text(module.read_text() + f"\nopen({str(marker)!r}, 'w').write('ran')\n")
-    manifest = json.loads((directory / "manifest.json").read_text())
-    manifest["artifacts"]["graph_module/module.py"] = {"sha256": hashlib.sha256(module.read_bytes()).hexdigest(), "bytes": module.stat().st_size}
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    rehash_manifest(directory, "graph_module/module.py")
     refused = run_aot("run", directory, "hello", "--runtime", "torch")
     assert refused.returncode == 7 and "did not build" in refused.stderr, refused.stderr
     with pytest.raises(aot.errors.IntegrityError, match="did not build"):

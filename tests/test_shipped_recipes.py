@@ -26,6 +26,7 @@ from aot.outputs import flatten_outputs
 from aot.recipe import load_recipe
 from aot.tracing.export_trace import INFERRED
 from aot.validate import compare_outputs, eager_runner
+from tests.conftest import rehash_manifest
 from tests.export.isolated import run_isolated
 
 RECIPES_DIR = Path(__file__).parents[1] / "recipes"
@@ -277,16 +278,6 @@ def test_the_build_directory_ships_what_a_deployment_needs(builds, name):
         assert shipped(text)["input_ids"] == original(text)["input_ids"]
 
 
-def _rehash(directory: Path, relative: str) -> None:
-    """The manifest re-hashed after ``relative`` changed, as someone who can write the directory would."""
-    import hashlib
-
-    manifest = json.loads((directory / "manifest.json").read_text())
-    data = (directory / relative).read_bytes()
-    manifest["artifacts"][relative] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-
-
 def test_validate_catches_a_changed_and_a_missing_tokenizer_file(builds, tmp_path, cli):
     import shutil
 
@@ -297,7 +288,7 @@ def test_validate_catches_a_changed_and_a_missing_tokenizer_file(builds, tmp_pat
     vocab["man"], vocab["food"] = vocab["food"], vocab["man"]  # two words of the recipe's first text swap ids
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
     assert cli("validate", directory).exit_code == 7, "changed, not re-hashed: an integrity failure"
-    _rehash(directory, "tokenizer.json")  # a new manifest digest: this machine did not build it, so consent is given
+    rehash_manifest(directory, "tokenizer.json")  # a new manifest digest: this machine did not build it, so consent is given
     result = cli("validate", directory, "--trust-code")
     assert result.exit_code == 5 and "encodes 'A man is eating food.' differently" in result.stderr, result.described
     (directory / "tokenizer_config.json").unlink()

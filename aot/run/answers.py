@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from aot.errors import RecipeError
 
-from .built_model import BuiltModel
+from .built_model import BuiltModel, cosine_similarities
 
 BATCH_SIZE = 16
 
@@ -96,6 +96,5 @@ def answer(model: BuiltModel, texts: list[str], *, similarity: bool = False, poo
     if similarity:
         import torch
 
-        unit = torch.nn.functional.normalize(torch.cat(vectors), dim=1)
-        result["similarity"] = (unit @ unit.T).tolist()
+        result["similarity"] = cosine_similarities(torch.cat(vectors)).tolist()
     return result

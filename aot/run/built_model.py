@@ -135,8 +135,7 @@ class BuiltModel:
     def similarity(self, texts: list[str], pooling: str | None = None) -> tuple[torch.Tensor, list[int]]:
         """Cosine similarity of every pair of ``texts``' embeddings, (n, n)."""
         vectors, truncated = self.embed(texts, pooling)
-        unit = torch.nn.functional.normalize(vectors, dim=1)
-        return unit @ unit.T, truncated
+        return cosine_similarities(vectors), truncated
 
     def classify(self, texts: list[str], top: int = 3) -> tuple[list[list[tuple[str, float]]], list[int]]:
         """The ``top`` labels of each text (``id2label``) with their softmax scores."""
@@ -184,6 +183,12 @@ def load(directory: str | Path, runtime: str = "onnx", *, expect_sha256: str | N
         raise RecipeError(f"{directory}: this build has no GraphModule: use runtime 'onnx'")
     require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "the torch runtime")
     return BuiltModel(directory, manifest, TorchArtifact(directory / "graph_module", integrity.sha256_of(_MODULE_FILE)))
+
+
+def cosine_similarities(vectors: torch.Tensor) -> torch.Tensor:
+    """The cosine of every pair of rows of ``vectors``, (n, n)."""
+    unit = torch.nn.functional.normalize(vectors, dim=1)
+    return unit @ unit.T
 
 
 def _check_texts(texts: list[str]) -> None:
