@@ -9,7 +9,8 @@ and ``AutoConfig.from_pretrained(DIR)`` read them:
 - the tokenizer's files (``tokenizer.json``, ``tokenizer_config.json``, ...) wherever the build
   has a tokenizer: ``validate.accuracy.tokenizer``'s, a decoder's ``generation.tokenizer``, or the pretrained
   directory's (``aot.recipe.tokenizer_source``);
-- the processor's (``preprocessor_config.json``) where the pretrained directory has one;
+- the image processor's ``preprocessor_config.json``: the recipe's ``model.image_processor``, else the
+  pretrained directory's; loaded alone, it must give ``pixel_values`` of the shape the build takes;
 - ``generation_config.json`` for a decoder (``generation.cache``).
 
 The manifest lists and hashes them like every file, and says under ``deployment`` which is which,
@@ -22,6 +23,7 @@ build's own tokenizer gave. ``aot validate`` repeats the check against the recip
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +35,7 @@ from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
 log = logging.getLogger(__name__)
 
 DEPLOYMENT_KEY = "deployment"
-_PROCESSOR_FILES = ("preprocessor_config.json",)
+PROCESSOR_FILE = "preprocessor_config.json"
 
 
 @dataclass
@@ -93,7 +95,8 @@ def write_deployment_files(loaded: LoadedRecipe, model: Any, directory: Path) ->
 def _write_tokenizer(loaded: LoadedRecipe, directory: Path, deployment: Deployment, inner: Any) -> None:
     source = tokenizer_source(loaded)
     if source is None:
-        deployment.missing["tokenizer"] = "the model is built from a config and the recipe names no tokenizer"
+        if deployment.task != "vision":  # a vision model reads pixels: no tokenizer is missing
+            deployment.missing["tokenizer"] = "the model is built from a config and the recipe names no tokenizer"
         return
     from aot.models import load_tokenizer
 
@@ -110,13 +113,72 @@ def _write_tokenizer(loaded: LoadedRecipe, directory: Path, deployment: Deployme
 
 
 def _write_processor(loaded: LoadedRecipe, directory: Path, deployment: Deployment) -> None:
-    if loaded.recipe.model.pretrained is None:
-        return
-    source = pretrained_directory(loaded)
-    for name in _PROCESSOR_FILES:
-        if (source / name).is_file():
-            (directory / name).write_bytes((source / name).read_bytes())
-            deployment.processor.append(name)
+    """The recipe's ``model.image_processor``, else the pretrained directory's processor files; checked."""
+    settings = loaded.recipe.model.image_processor
+    if settings is not None:
+        if not isinstance(settings.get("image_processor_type"), str):
+            raise loaded.error(("model", "image_processor"), "needs an `image_processor_type` (e.g. ConvNextImageProcessor)")
+        path = directory / PROCESSOR_FILE
+        path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        deployment.processor.append(path.name)
+    elif loaded.recipe.model.pretrained is not None and (pretrained_directory(loaded) / PROCESSOR_FILE).is_file():
+        (directory / PROCESSOR_FILE).write_bytes((pretrained_directory(loaded) / PROCESSOR_FILE).read_bytes())
+        deployment.processor.append(PROCESSOR_FILE)
+    elif deployment.task == "vision":
+        deployment.missing["processor"] = "the model is built from a config and the recipe names no model.image_processor"
+    if deployment.processor and "pixel_values" in {tensor.name for tensor in loaded.recipe.inputs.tensors}:
+        check_shipped_processor(loaded, directory)
+
+
+def load_image_processor(directory: Path) -> Any:
+    """The image processor shipped in ``directory``, loaded alone (transformers' own backend choice)."""
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(directory), local_files_only=True)
+
+
+def probe_image() -> Any:
+    """A fixed 97x131 RGB image (gradients and a square) that is no size any processor targets."""
+    import numpy as np
+
+    rows, columns = np.mgrid[0:97, 0:131]
+    image = np.stack([rows * 255 // 96, columns * 255 // 130, (rows + columns) % 256], axis=-1).astype(np.uint8)
+    image[30:60, 40:80] = (250, 20, 120)
+    return image
+
+
+def check_shipped_processor(loaded: LoadedRecipe, directory: Path) -> None:
+    """The shipped processor, loaded alone, turns an image into ``pixel_values`` of the shape the build takes.
+
+    A processor that does not load is a recipe error naming ``model.image_processor`` (exit 2); one whose
+    pixels the artifacts cannot take is a validation failure (exit 5) naming both shapes.
+    """
+    try:
+        processor = load_image_processor(directory)
+        pixels = processor(images=[probe_image()], return_tensors="pt")["pixel_values"]
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as error:
+        reason = f"the shipped image processor does not run: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+        if loaded.recipe.model.image_processor is not None:
+            raise loaded.error(("model", "image_processor"), reason) from None
+        raise ValidationError(f"{directory}: {reason}") from None
+    tensor = next(tensor for tensor in loaded.recipe.inputs.tensors if tensor.name == "pixel_values")
+    for axis, (wanted, size) in enumerate(zip(tensor.shape[1:], pixels.shape[1:]), 1):
+        if not _admits(loaded, wanted, int(size)):
+            raise ValidationError(
+                f"{directory}: the shipped image processor gives pixel_values of shape {list(pixels.shape)}, "
+                f"but the build takes {tensor.shape} (axis {axis}: {size})"
+            )
+    log.info("the shipped image processor gives pixel_values %s", list(pixels.shape))
+
+
+def _admits(loaded: LoadedRecipe, wanted: int | str, size: int) -> bool:
+    """Whether an axis declared as ``wanted`` (a size, or a dim's name) takes ``size``."""
+    if isinstance(wanted, int):
+        return wanted == size
+    dim = loaded.recipe.inputs.dims[wanted]
+    if not dim.dynamic:
+        return dim.size == size
+    return (dim.min or 1) <= size <= (dim.max or size)
 
 
 # Checked besides the build's own texts, so that every shipped tokenizer is held to something: cases,

@@ -354,6 +354,8 @@ def _print_bench(report) -> None:
 @click.option("--file", "file", type=click.Path(dir_okay=False, path_type=str),
               help="Texts from a file: one a line, or JSONL (.jsonl) with --field. Without TEXT or --file: stdin.")
 @click.option("--field", help="The JSONL field that holds the text (default for .jsonl: text).")
+@click.option("--ids", multiple=True, help="Token ids instead of text, e.g. --ids '101 7592 102' (repeat for more): "
+              "for an encoder or a classifier, and the way into a build that ships no tokenizer.")
 @click.option("--pooling", type=click.Choice(["mean", "cls", "none"]), help="An encoder's pooling (default: the recipe's, else mean).")
 @click.option("--similarity", is_flag=True, help="An encoder: the cosine similarity of every pair of texts.")
 @click.option("--top", default=3, show_default=True, help="A classifier: labels shown per text.")
@@ -363,20 +365,22 @@ def _print_bench(report) -> None:
 @_TRUST_CODE
 @click.option("--json", "as_json", is_flag=True, help="Print the answers as JSON on stdout.")
 @click.pass_context
-def run_command(context, directory, texts, runtime, file, field, pooling, similarity, top, max_new_tokens, threads,
+def run_command(context, directory, texts, runtime, file, field, ids, pooling, similarity, top, max_new_tokens, threads,
                 expect_sha256, trust_code, as_json) -> None:
     """Run a build directory's artifact on real input: an encoder's embeddings or similarities, a classifier's
-    labels, a decoder's generated text. Files are checked against the manifest first."""
+    labels, a decoder's generated text, a vision classifier's labels for image files (TEXT is a path). Files are
+    checked against the manifest first."""
 
     def run(progress: _StderrProgress) -> Any:
         from aot.run import load
-        from aot.run.answers import answer, texts_from
+        from aot.run.answers import answer, parse_ids, texts_from
 
-        inputs = texts_from(texts, file, field, sys.stdin)
+        inputs = texts_from(texts, file, field, sys.stdin, ids)
+        token_ids = parse_ids(ids) if ids else None
         model = load(directory, runtime, expect_sha256=expect_sha256, trust_code=trust_code, threads=threads)
-        with _BatchBar(len(inputs)) as bar:
+        with _BatchBar(len(token_ids or inputs)) as bar:
             return answer(model, inputs, similarity=similarity, pooling=pooling, top=top, max_new_tokens=max_new_tokens,
-                          on_batch=bar.update)
+                          on_batch=bar.update, token_ids=token_ids)
 
     result = _with_progress(context.obj["debug"], run)
     click.echo(json.dumps(result, indent=2) if as_json else _answers_text(result))
@@ -407,6 +411,11 @@ class _BatchBar:
             self._progress.update(self._task, completed=done)
 
 
+def _example(item: dict[str, Any]) -> str:
+    """What an answer is about: its text, its image file, or its token ids."""
+    return item.get("text") or item.get("image") or " ".join(map(str, item["ids"]))
+
+
 def _answers_text(result: dict[str, Any]) -> str:
     """The answers for people: one line a text (a similarity matrix for --similarity)."""
     items = result["items"]
@@ -418,13 +427,13 @@ def _answers_text(result: dict[str, Any]) -> str:
         return "\n".join([header] + [f"{i + 1:>6}" + "".join(f"{value:8.4f}" for value in row) for i, row in enumerate(matrix)])
     if result["task"] == "decoder":
         return "\n".join(f"{item['prompt']} {item['generated']}" for item in items)
-    if result["task"] == "classifier":
-        return "\n".join(f"{item['text']}: " + ", ".join(f"{l['label']} {l['score']:.3f}" for l in item["labels"]) for item in items)
+    if result["task"] in ("classifier", "vision"):
+        return "\n".join(f"{_example(item)}: " + ", ".join(f"{l['label']} {l['score']:.3f}" for l in item["labels"]) for item in items)
     lines = []
     for item in items:
         vector = item["embedding"]
         head = ", ".join(f"{value:.4f}" for value in vector[:4])
-        lines.append(f"{item['text']}: [{head}, ...] ({len(vector)} dims, {result['pooling']} pooling)")
+        lines.append(f"{_example(item)}: [{head}, ...] ({len(vector)} dims, {result['pooling']} pooling)")
     return "\n".join(lines)
 
 

@@ -92,6 +92,9 @@ def is_decoder_with_cache(loaded: LoadedRecipe) -> bool:
 
 def _check_generation(loaded: LoadedRecipe) -> None:
     """A KV-cache step takes inputs made from the model, and is traced by torch.export."""
+    generation = loaded.recipe.generation
+    if generation is not None and generation.fidelity is not None and not generation.cache:
+        raise loaded.error(("generation", "fidelity"), "a fidelity gate scores a decoder step: it needs generation.cache: true")
     if not is_decoder_with_cache(loaded):
         return
     recipe = loaded.recipe
@@ -116,6 +119,9 @@ def _check_accuracy_gate(loaded: LoadedRecipe) -> None:
     """A pass that changes the computation is judged by task metrics, so the recipe must name them (and their data)."""
     accuracy = loaded.recipe.validate_.accuracy
     changing = passes_changing_computation(loaded)
+    if is_decoder_with_cache(loaded):
+        _check_fidelity_gate(loaded, changing)
+        return
     if changing and accuracy is None:
         location, spec = changing[0]
         raise loaded.error(
@@ -142,6 +148,30 @@ def _check_accuracy_gate(loaded: LoadedRecipe) -> None:
                            "validate.accuracy.tokenizer for a model built from a config")
     if not directory.is_dir():
         raise loaded.error(("validate", "accuracy", "tokenizer", "pretrained"), f"tokenizer directory not found: {directory}")
+
+
+def _check_fidelity_gate(loaded: LoadedRecipe, changing: list[tuple[Location, PassSpec]]) -> None:
+    """A decoder whose passes change the computation is judged by its next-token distributions on real prompts."""
+    fidelity = loaded.recipe.generation.fidelity
+    if loaded.recipe.validate_.accuracy is not None:
+        raise loaded.error(("validate", "accuracy"), "a decoder step is gated by generation.fidelity, not validate.accuracy")
+    if changing and fidelity is None:
+        location, spec = changing[0]
+        raise loaded.error(location, f"pass '{spec.name}' changes the computation (it does not preserve it): add "
+                           "generation.fidelity with the prompts and the thresholds every artifact must meet")
+    if fidelity is None:
+        return
+    if not fidelity_prompts_path(loaded).is_file():
+        raise loaded.error(("generation", "fidelity", "prompts"), f"prompts file not found: {fidelity_prompts_path(loaded)}")
+    if tokenizer_directory(loaded) is None:
+        raise loaded.error(("generation", "fidelity", "prompts"), "prompts need a tokenizer: model.pretrained, or "
+                           "generation.tokenizer for a model built from a config")
+
+
+def fidelity_prompts_path(loaded: LoadedRecipe) -> Path:
+    """The fidelity gate's prompts file, relative to the recipe file."""
+    assert loaded.recipe.generation is not None and loaded.recipe.generation.fidelity is not None
+    return (loaded.path.parent / loaded.recipe.generation.fidelity.prompts).resolve()
 
 
 def accuracy_data_path(loaded: LoadedRecipe) -> Path:

@@ -51,6 +51,13 @@ class ModelSpec(_Strict):
     attn_implementation: Literal["sdpa", "eager"] | None = Field(
         None, description="transformers attention implementation; the class default when unset."
     )
+    image_processor: dict[str, Any] | None = Field(
+        None,
+        description="An image processor's settings as its preprocessor_config.json holds them (with "
+        "`image_processor_type`, e.g. ConvNextImageProcessor), for a vision model that has none of its own "
+        "(one built from `config`): shipped in the build directory and checked to give the inputs' pixel shape. "
+        "A pretrained directory's own preprocessor_config.json ships without it.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -322,6 +329,37 @@ class PassSpec(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class FidelitySpec(_Strict):
+    """A decoder's fidelity gate: its artifacts' next-token distributions against the float32 eager model's."""
+
+    prompts: str = Field(
+        ..., description="A text file relative to the recipe, one prompt a line (e.g. data/prompts.txt), tokenised "
+        "with the tokenizer the build ships (generation.tokenizer, or the pretrained model's).",
+    )
+    max_prompt_tokens: int = Field(48, ge=2, description="Each prompt is cut to this many tokens: the positions scored.")
+    new_tokens: int = Field(16, ge=1, description="Tokens each artifact generates greedily per prompt for `min_greedy_agreement`.")
+    max_kl_mean: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="Largest mean, over every prompt position (teacher-forced), of KL(eager || artifact) of the "
+        "next-token distributions, in nats.",
+    )
+    max_kl: float | None = Field(None, gt=0, allow_inf_nan=False, description="Largest KL divergence allowed at any one position.")
+    min_top1_agreement: float | None = Field(
+        None, ge=0, le=1, allow_inf_nan=False, description="Smallest share of positions whose most likely next token is eager's.",
+    )
+    min_greedy_agreement: float | None = Field(
+        None, ge=0, le=1, allow_inf_nan=False,
+        description="Smallest mean, over the prompts, of the share of `new_tokens` greedy tokens made before the "
+        "first that differs from eager's.",
+    )
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> FidelitySpec:
+        if all(getattr(self, name) is None for name in ("max_kl_mean", "max_kl", "min_top1_agreement", "min_greedy_agreement")):
+            raise ValueError("name at least one threshold (max_kl_mean, max_kl, min_top1_agreement, min_greedy_agreement)")
+        return self
+
+
 class GenerationSpec(_Strict):
     """A decoder that generates: the build's artifacts are one KV-cache step, validated by greedy generation."""
 
@@ -350,6 +388,13 @@ class GenerationSpec(_Strict):
         min_length=1,
         description="Validation prompt lengths; each is generated at batch 1 and at batch 2 with its second row left "
         "padded. A sliding-window model must generate past its window.",
+    )
+    fidelity: FidelitySpec | None = Field(
+        None,
+        description="Fidelity gate, required once a pass does not preserve the computation (quantize_linear_weights): "
+        "each artifact's teacher-forced next-token distributions on real prompts against the float32 eager model's "
+        "(KL divergence, top-1 agreement) and its greedy tokens. The exact-token generation check is then recorded, "
+        "not required.",
     )
 
     @model_validator(mode="after")

@@ -230,6 +230,13 @@ def bisect_gate(loaded: LoadedRecipe, first_inputs: dict[str, Any], gate: Gate) 
     return culprit[0] if culprit else "no single pass reproduces the failure when re-run"
 
 
+def judged_by_a_gate(loaded: LoadedRecipe, gate: Gate | None) -> bool:
+    """Whether the passes change the computation and a gate judges the artifacts instead of atol/rtol: the accuracy
+    gate (``gate``), or a decoder's fidelity gate (``generation.fidelity``), which judges the generations."""
+    fidelity = loaded.recipe.generation is not None and loaded.recipe.generation.fidelity is not None
+    return (gate is not None or fidelity) and changes_computation(loaded)
+
+
 def changes_computation(loaded: LoadedRecipe) -> bool:
     """Whether a pass of the recipe does not preserve the computation (its artifacts are then gated)."""
     return bool(passes_changing_computation(loaded))
@@ -244,7 +251,7 @@ def validate_graph(
 ) -> tuple[list[Comparison], list[AccuracyResult]]:
     """The traced graph after the passes, in memory; on failure, bisect (when the recipe asks) and raise."""
     run = lambda case: run_module(graph_module, case)  # noqa: E731
-    gated = gate is not None and changes_computation(loaded)
+    gated = judged_by_a_gate(loaded, gate)
     results = check_artifact("graph", run, cases, expected, loaded.recipe.validate_, "traced graph after the passes", gated)
     accuracy = [gate.measure("graph", lambda batch: graph_module(**batch))] if gate is not None else []
     failed = [c for c in results if not c.ok]
@@ -337,7 +344,7 @@ class ArtifactChecks:
 
     @property
     def _gated(self) -> bool:
-        return self.gate is not None and changes_computation(self.loaded)
+        return judged_by_a_gate(self.loaded, self.gate)
 
 
 def _unnamed_stage(name: str) -> AbstractContextManager[None]:
@@ -389,7 +396,7 @@ def validate_directory(
     directory = Path(directory)
     loaded = recipe_of_build(directory, integrity.manifest, recipe_path)
     with stage("check_tokenizer"):
-        check_deployment_tokenizer(loaded, directory, integrity.manifest)
+        check_deployment_preprocessing(loaded, directory, integrity.manifest)
     with stage("load_model"):
         model = load_model(loaded)
         cases = shape_cases(loaded, model)
@@ -411,13 +418,16 @@ def validate_directory(
     return report
 
 
-def check_deployment_tokenizer(loaded: LoadedRecipe, directory: Path, manifest: dict) -> None:
-    """The tokenizer the directory ships encodes the build's texts as the recipe's own tokenizer does (exit 5 if not)."""
-    from aot.bundle import DEPLOYMENT_KEY, check_shipped_tokenizer
+def check_deployment_preprocessing(loaded: LoadedRecipe, directory: Path, manifest: dict) -> None:
+    """The tokenizer the directory ships encodes the build's texts as the recipe's own tokenizer does, and its image
+    processor gives pixels of the shape the build takes (exit 5 if not)."""
+    from aot.bundle import DEPLOYMENT_KEY, check_shipped_processor, check_shipped_tokenizer
     from aot.models import load_tokenizer
     from aot.recipe import tokenizer_source
 
     deployment = manifest.get(DEPLOYMENT_KEY) or {}
+    if deployment.get("processor") and "pixel_values" in {tensor.name for tensor in loaded.recipe.inputs.tensors}:
+        check_shipped_processor(loaded, directory)
     source = tokenizer_source(loaded)
     if not deployment.get("tokenizer") or source is None:
         return
@@ -432,7 +442,25 @@ def generation_reference(loaded: LoadedRecipe, model: torch.nn.Module):
 
     spec = loaded.recipe.generation
     tolerances = loaded.recipe.validate_
-    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, loaded.recipe.model.seed, tolerances.atol, tolerances.rtol)
+    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, loaded.recipe.model.seed, tolerances.atol,
+                                    tolerances.rtol, fidelity_reference(loaded))
+
+
+def fidelity_reference(loaded: LoadedRecipe) -> Callable[[torch.nn.Module], Any] | None:
+    """What takes the fidelity gate's eager reference from a causal LM (``generation.fidelity``); None without a gate."""
+    fidelity = loaded.recipe.generation.fidelity if loaded.recipe.generation is not None else None
+    if fidelity is None:
+        return None
+    from aot.decoding.fidelity import METRICS, FidelityReference, tokenized_prompts
+    from aot.models import load_tokenizer
+    from aot.recipe import fidelity_prompts_path, tokenizer_source
+
+    lines = [line for line in fidelity_prompts_path(loaded).read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = tokenized_prompts(lines, load_tokenizer(loaded, *tokenizer_source(loaded)), fidelity.max_prompt_tokens)
+    if not prompts:
+        raise loaded.error(("generation", "fidelity", "prompts"), "no prompt of two tokens or more")
+    thresholds = {metric: getattr(fidelity, key) for metric, (key, _) in METRICS.items() if getattr(fidelity, key) is not None}
+    return lambda causal_lm: FidelityReference.take(causal_lm, prompts, fidelity.new_tokens, thresholds)
 
 
 def recipe_of_build(directory: Path, manifest: dict[str, Any], recipe_path: str | Path | None = None) -> LoadedRecipe:

@@ -8,6 +8,7 @@
 - Weights go to one external data file ``<name>.data`` beside the model when
   the model would pass protobuf's 2 GiB limit.
 - ``aot.runtime.Int8DynamicLinear`` layers become ONNX's int8 ops (:mod:`aot.export.onnx_int8`).
+- ``aot.runtime.WeightOnlyLinear`` layers become ONNX Runtime's ``MatMulNBits`` (:mod:`aot.export.onnx_weight_only`).
 - The exporter decomposes the nodes ONNX has no translation for one by one, not by tracing
   the whole program a second time (:mod:`aot.export.onnx_decompositions`).
 - Reproducible: node stack traces (file paths, line numbers) are dropped; nothing
@@ -42,6 +43,7 @@ from .onnx_decompositions import only_needed_decompositions
 from .onnx_files import step_errors, write_checked
 from .onnx_float16 import convert_to_float16
 from .onnx_int8 import lower_int8_linears
+from .onnx_weight_only import lower_weight_only_linears
 from .ort_fusions import Target, fuse_for_ort
 
 logger = logging.getLogger(__name__)
@@ -111,6 +113,8 @@ def write_onnx(
     output_names = output_names or _output_names(gm, inputs)
     dynamic_shapes = _dynamic_shapes(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
     gm, translations = lower_int8_linears(with_explicit_copies(gm))
+    gm, weight_only = lower_weight_only_linears(gm)
+    translations = {**translations, **weight_only}
     program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations)
     produced_opset = program.model.opset_imports.get("", None)
     if produced_opset != opset:

@@ -95,7 +95,7 @@ def lower_int8_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, 
     """
     if not _int8_calls(gm):
         return gm, {}
-    lowered = torch.fx.GraphModule(gm, _copy_graph(gm.graph))
+    lowered = torch.fx.GraphModule(gm, copied_graph(gm.graph))
     graph = lowered.graph
     for node in _int8_calls(lowered):
         layer = lowered.get_submodule(str(node.target))
@@ -115,7 +115,8 @@ def _int8_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [node for node in gm.graph.nodes if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), Int8DynamicLinear)]
 
 
-def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+def copied_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """A copy of ``graph`` (nodes, output and code generator) to rewrite without touching the original."""
     copy = torch.fx.Graph(owning_module=graph.owning_module, tracer_cls=graph._tracer_cls)
     output = copy.graph_copy(graph, {})
     copy.output(output)

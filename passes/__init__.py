@@ -21,6 +21,7 @@ from .lint_and_recompile import LintAndRecompile
 from .merge_linears import MergeLinears
 from .prepack_linear_weights import PrepackLinearWeights
 from .quantize_linear_int8 import QuantizeLinearInt8
+from .quantize_linear_weights import QuantizeLinearWeights
 from .registry import PassInfo, register_pass
 from .remove_dropout import RemoveDropout
 from .remove_identity import RemoveIdentity
@@ -44,6 +45,7 @@ __all__ = [
     "PassResult",
     "PrepackLinearWeights",
     "QuantizeLinearInt8",
+    "QuantizeLinearWeights",
     "RemoveDropout",
     "RemoveIdentity",
     "RemoveRedundantCasts",

@@ -51,20 +51,16 @@ arguments. A layer called at several sites is converted once and serves them all
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterator
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from torch import nn
-from torch.fx import GraphModule, Node
+from torch.fx import GraphModule
 
 from aot.runtime.int8_linear import Int8DynamicLinear
 
-from ._layers import call_sites
 from ._modules import set_submodule
-from ._nodes import called_on_one_input
+from ._quantizable_linears import LinearLayer, linear_layers, quantizable_miss
 from .registry import register_pass
 from .rule import Match, RewriteRule
 
@@ -93,29 +89,15 @@ class QuantizeLinearInt8(RewriteRule):
             "torch._int_mm); the ONNX model is unaffected.",
         )
 
-    def candidates(self, graph_module: GraphModule) -> Iterator[Match[tuple[str, list[Node]]]]:
+    def candidates(self, graph_module: GraphModule) -> Iterator[Match[LinearLayer]]:
         """Each nn.Linear with all its call sites: one module, quantised once."""
-        for target, nodes in call_sites(graph_module, nn.Linear).items():
-            yield Match.ok((target, nodes), sites=len(nodes))
+        return linear_layers(graph_module)
 
-    def check(self, graph_module: GraphModule, layer: tuple[str, list[Node]]) -> Match[tuple[str, list[Node]]]:
-        target, nodes = layer
-        module = graph_module.get_submodule(target)
-        where = f"layer '{target}' ({', '.join(node.name for node in nodes)})"
-        pattern = next((pattern for pattern in self.options.skip if fnmatch.fnmatchcase(target, pattern)), None)
-        if pattern is not None:
-            return Match.fail(f"{where}: kept in float32, skip pattern {pattern!r}")
-        if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
-            return Match.fail(f"{where}: the layer is a subclass of nn.Linear or has hooks")
-        if not all(called_on_one_input(node) for node in nodes):
-            return Match.fail(f"{where}: unexpected call arguments at one of the layer's call sites")
-        if module.weight.dtype != torch.float32 or (module.bias is not None and module.bias.dtype != torch.float32):
-            return Match.fail(f"{where}: weights are {module.weight.dtype}, int8 quantisation starts from float32")
-        if module.weight.device.type != "cpu":
-            return Match.fail(f"{where}: weights are on {module.weight.device}, the int8 kernels are for the CPU")
-        return Match.ok(layer)
+    def check(self, graph_module: GraphModule, layer: LinearLayer) -> Match[LinearLayer]:
+        miss = quantizable_miss(graph_module, layer, self.options.skip, "int8 quantisation")
+        return Match.fail(miss) if miss else Match.ok(layer)
 
-    def rewrite(self, graph_module: GraphModule, layer: tuple[str, list[Node]]) -> None:
+    def rewrite(self, graph_module: GraphModule, layer: LinearLayer) -> None:
         target, nodes = layer
         linear = graph_module.get_submodule(target)
         set_submodule(graph_module, target, Int8DynamicLinear.from_linear(

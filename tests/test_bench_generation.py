@@ -38,7 +38,7 @@ def test_each_runner_gets_a_prefill_and_a_decode_figure_per_shape(decoder_build)
     assert len(set(report.pids.values())) == 3, "each runner in its own process"
 
 
-@pytest.mark.parametrize(("arguments", "message"), [({"peers": ("ort_torchscript",)}, "eager generate only"), ({"new_tokens": 1}, "at least 2")])
+@pytest.mark.parametrize(("arguments", "message"), [({"peers": ("ort_torchscript",)}, "takes only the decoder peers"), ({"new_tokens": 1}, "at least 2")])
 def test_what_a_decoder_bench_cannot_do_is_refused(decoder_build, arguments, message):
     with pytest.raises(RecipeError, match=message):
         bench(decoder_build, runs=1, **arguments)
@@ -47,3 +47,16 @@ def test_what_a_decoder_bench_cannot_do_is_refused(decoder_build, arguments, mes
 def test_an_unknown_dim_names_the_decoder_dims(decoder_build):
     with pytest.raises(RecipeError, match="it has: batch, prompt"):
         bench(decoder_build, {"sequence": [4]}, runs=1)
+
+
+def test_eager_in_bfloat16_is_a_decoder_peer_and_ort_genai_says_why_it_cannot_build(decoder_build):
+    report = bench(decoder_build, {"batch": [1], "prompt": [6]}, runs=2, warmup=1, new_tokens=4, gap_ms=0, peers=("eager_bf16", "ort_genai"))
+    assert [r.runner for r in report.shapes[0].runners] == ["eager", "graph_module", "onnx", "eager_bf16"]
+    assert all(r.median_ms > 0 for shape in report.shapes for r in shape.runners)
+    reason = report.peer_failures["ort_genai"]
+    assert "model.pretrained" in reason or "onnxruntime-genai is not installed" in reason, reason
+
+
+def test_the_decoder_peers_are_refused_for_an_encoder(tiny_build):
+    with pytest.raises(RecipeError, match="the decoder peers are for a decoder build"):
+        bench(tiny_build, runs=1, peers=("eager_bf16",))

@@ -169,3 +169,69 @@ def test_the_torch_runtime_runs_a_rehashed_module_py_only_with_consent(builds, t
     assert not marker.exists()
     assert run_aot("run", directory, "hello", "--runtime", "torch", "--trust-code").returncode == 0
     assert marker.read_text() == "ran"
+
+
+def _image(path: Path, seed: int, size: tuple[int, int]) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    Image.fromarray((np.random.default_rng(seed).random((*size, 3)) * 255).astype("uint8")).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def vision_build(tmp_path_factory) -> Path:
+    return Path(build(RECIPES / "resnet.yaml", tmp_path_factory.mktemp("run-vision") / "resnet").output)
+
+
+def test_a_vision_build_labels_image_files_with_eager_scores(vision_build, tmp_path):
+    from transformers import ConvNextImageProcessorPil
+
+    from aot.models import load_model
+    from aot.recipe import load_recipe
+
+    images = [_image(tmp_path / "wide.png", 0, (90, 140)), _image(tmp_path / "tall.jpg", 1, (200, 70))]
+    answers = {runtime: _json(run_aot("run", vision_build, *images, "--runtime", runtime, "--top", "3", "--json")) for runtime in ("onnx", "torch")}
+    assert answers["onnx"]["task"] == "vision" and [item["image"] for item in answers["onnx"]["items"]] == list(map(str, images))
+    loaded = load_recipe(RECIPES / "resnet.yaml")
+    settings = {key: value for key, value in loaded.recipe.model.image_processor.items() if key != "image_processor_type"}
+    from PIL import Image
+
+    pixels = ConvNextImageProcessorPil(**settings)([Image.open(path).convert("RGB") for path in images], return_tensors="pt")["pixel_values"]
+    assert pixels.shape[1:] == (3, 64, 64), "the precondition: the recipe's processor gives what the build takes"
+    with torch.no_grad():
+        scores = load_model(loaded)(pixel_values=pixels).logits.softmax(-1)
+    for runtime, answer in answers.items():
+        for item, row in zip(answer["items"], scores):
+            assert [label["label"] for label in item["labels"]] == [f"LABEL_{int(i)}" for i in row.topk(3).indices], runtime
+            assert [label["score"] for label in item["labels"]] == pytest.approx(row.topk(3).values.tolist(), abs=1e-5), runtime
+    text = run_aot("run", vision_build, images[0]).stdout
+    assert text.startswith(f"{images[0]}: LABEL_"), text
+    not_an_image = tmp_path / "notes.png"
+    not_an_image.write_text("not pixels")
+    for path, message in ((not_an_image, "not an image Pillow reads"), (tmp_path / "absent.png", "No such file")):
+        result = run_aot("run", vision_build, path)
+        assert result.returncode == 2 and f"{path}: cannot read the image: {message}" in result.stderr, result.stderr
+
+
+def test_token_ids_run_a_build_that_ships_no_tokenizer(tiny_build):
+    from aot.accuracy import pooled_vectors
+    from aot.export import load_standalone
+
+    manifest = json.loads((tiny_build / "manifest.json").read_text())
+    assert not manifest["deployment"]["tokenizer"], "the precondition: no tokenizer ships"
+    refused = run_aot("run", tiny_build, "hello")
+    assert refused.returncode == 2 and "ships no tokenizer" in refused.stderr
+    rows = [[2, 17, 99, 3], [2, 5, 3]]
+    answer = _json(run_aot("run", tiny_build, "--ids", "2 17 99 3", "--ids", "2,5,3", "--json"))
+    assert [item["ids"] for item in answer["items"]] == rows
+    module = load_standalone(tiny_build / "graph_module")
+    ids = torch.tensor([rows[0], rows[1] + [0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    with torch.no_grad():
+        expected = pooled_vectors(module(input_ids=ids, attention_mask=mask)["last_hidden_state"], {"attention_mask": mask}, "mean").float()
+    torch.testing.assert_close(torch.tensor([item["embedding"] for item in answer["items"]]), expected, atol=1e-5, rtol=1e-5)
+    for arguments, message in ((("--ids", "2 x 3"), "--ids 1: '2 x 3' is not integers"), (("--ids", "2 500"), "500 is outside the vocabulary (0..127)"),
+                               (("hello", "--ids", "2"), "either --ids or texts")):
+        result = run_aot("run", tiny_build, *arguments)
+        assert result.returncode == 2 and message in result.stderr, result.stderr

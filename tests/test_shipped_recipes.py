@@ -115,7 +115,7 @@ def test_saved_graph_module_runs_without_aot_or_transformers(builds, name, tmp_p
     for case, raw in zip(cases, runs):
         expected = eager_outputs(model, case.inputs)
         comparison = compare_outputs("standalone", case.label, expected, flatten_outputs(raw), tolerances.atol, tolerances.rtol)
-        assert comparison.ok, comparison.summary()
+        assert comparison.ok or _fidelity_gated(loaded, comparison), comparison.summary()
 
 
 @pytest.mark.parametrize("name", WITH_ONNX)
@@ -144,7 +144,14 @@ def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
         expected = eager_outputs(model, case.inputs)
         named = {onnx_names.get(name, name): value for name, value in case.inputs.items()}
         comparison = compare_outputs("onnx", case.label, expected, run_onnx(path, named), tolerances.atol, tolerances.rtol)
-        assert comparison.ok, comparison.summary()
+        assert comparison.ok or _fidelity_gated(loaded, comparison), comparison.summary()
+
+
+def _fidelity_gated(loaded, comparison) -> bool:
+    """A decoder whose passes change its logits is held to its fidelity gate (test_gated_decoder_artifacts_meet_their_
+    fidelity_gate), not to atol: here its outputs need eager's names and shapes, and finite values."""
+    gated = loaded.recipe.generation is not None and loaded.recipe.generation.fidelity is not None
+    return gated and comparison.problem is None and all(output.max_abs == output.max_abs for output in comparison.outputs)
 
 
 def _without_timings(manifest: dict) -> dict:
@@ -194,13 +201,16 @@ def test_bert_onnx_shows_the_optimisations(builds):
 
 
 DECODERS = [name for name in BUILDABLE if load_recipe(RECIPES_DIR / name).recipe.generation is not None]
+# Decoders whose passes preserve the computation make eager's exact tokens; the others are gated on fidelity.
+GATED_DECODERS = [name for name in DECODERS if load_recipe(RECIPES_DIR / name).recipe.generation.fidelity is not None]
+EXACT_DECODERS = [name for name in DECODERS if name not in GATED_DECODERS]
 
 
 def test_some_shipped_recipe_is_a_decoder_with_a_cache():
     assert len(DECODERS) >= 3, DECODERS  # GPT-2, a Llama-family one and a sliding-window one
 
 
-@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("name", EXACT_DECODERS)
 def test_decoder_artifacts_generated_eagers_exact_tokens(builds, name):
     manifest = json.loads((builds[name] / "manifest.json").read_text())
     generation = manifest["generation"]
@@ -211,17 +221,26 @@ def test_decoder_artifacts_generated_eagers_exact_tokens(builds, name):
     assert all(g["ok"] and g["new_tokens"] >= 32 for g in generation), [g["message"] for g in generation if not g["ok"]]
 
 
-@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("name", GATED_DECODERS)
+def test_gated_decoder_artifacts_meet_their_fidelity_gate(builds, name):
+    fidelity = load_recipe(RECIPES_DIR / name).recipe.generation.fidelity
+    generation = json.loads((builds[name] / "manifest.json").read_text())["generation"]
+    scores = {g["artifact"]: g for g in generation if "metrics" in g}
+    assert set(scores) == {"onnx", "graph_module"}, generation
+    for artifact, score in scores.items():
+        assert score["ok"] and score["positions"] >= 100 and set(score["thresholds"]) >= {"kl_mean"}, score
+        assert score["metrics"]["kl_mean"] <= fidelity.max_kl_mean, (artifact, score)
+    exact = [g for g in generation if "metrics" not in g]
+    assert exact and all(g["judged_by"] == "fidelity gate" for g in exact), "exact tokens are recorded, the gate decides"
+
+
+@pytest.mark.parametrize("name", EXACT_DECODERS)
 def test_plain_onnx_runtime_greedy_loop_makes_eagers_tokens(builds, name):
     """A user's own loop over model.onnx (onnxruntime and numpy only, nothing from aot) against eager generate."""
     import numpy as np
-    import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(builds[name] / "model.onnx"), providers=["CPUExecutionProvider"])
-    inputs = {i.name: i for i in session.get_inputs()}
-    outputs = [o.name for o in session.get_outputs()]
-    pasts = [n for n in inputs if n.startswith("past_key_values.")]
-    assert outputs[0] == "logits" and len(pasts) == len(outputs) - 1 >= 2, (list(inputs), outputs)
+    from tests.decoding.plain_loop import plain_onnx_runtime_greedy
+
     step = load_model(load_recipe(RECIPES_DIR / name))
     lm, config = step.causal_lm, step.config
     window = getattr(config, "sliding_window", None)
@@ -233,21 +252,8 @@ def test_plain_onnx_runtime_greedy_loop_makes_eagers_tokens(builds, name):
     with torch.no_grad():
         expected = lm.generate(torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask), do_sample=False,
                                max_new_tokens=32, eos_token_id=None, pad_token_id=0)[:, 11:].numpy()
-
-    past = {n: np.zeros((2, inputs[n].shape[1], 0, inputs[n].shape[3]), np.float32) for n in pasts}
-    ids, positions, longest_past, tokens = prompt, np.maximum(mask.cumsum(-1) - 1, 0), 0, []
-    for _ in range(32):
-        feed = {"input_ids": ids, "attention_mask": mask, **past}
-        if "position_ids" in inputs:
-            feed["position_ids"] = positions
-        logits, *present = session.run(outputs, feed)
-        next_tokens = logits[:, -1].argmax(-1)
-        tokens.append(next_tokens)
-        past = {n: value for n, value in zip(pasts, present)}
-        longest_past = max(longest_past, max(value.shape[2] for value in present))
-        ids, positions = next_tokens[:, None], positions[:, -1:] + 1
-        mask = np.concatenate([mask, np.ones((2, 1), mask.dtype)], axis=1)
-    np.testing.assert_array_equal(np.stack(tokens, axis=1), expected)
+    tokens, longest_past = plain_onnx_runtime_greedy(builds[name] / "model.onnx", prompt, mask, 32)
+    np.testing.assert_array_equal(tokens, expected)
     if window is not None:  # the cache of a sliding-window model stays bounded however far it decodes
         assert longest_past <= window - 1, longest_past
     assert len({int(t) for t in expected[0]}) > 8, "random weights that emit few distinct tokens would prove little"
@@ -268,6 +274,10 @@ def test_the_build_directory_ships_what_a_deployment_needs(builds, name):
     assert config.model_type and (inline is None or config.model_type == inline["model_type"]), config.model_type
     assert (deployment["generation_config"] == "generation_config.json") == is_decoder_with_cache(loaded)
     source = tokenizer_directory(loaded)
+    if deployment["task"] == "vision":  # pixels in: an image processor ships, and no tokenizer is missing
+        assert deployment["processor"] == ["preprocessor_config.json"] and "preprocessor_config.json" in manifest["artifacts"]
+        assert source is None and "tokenizer" not in deployment["missing"], deployment
+        return
     if source is None:
         assert deployment["tokenizer"] == [] and "tokenizer" in deployment["missing"], deployment
         return

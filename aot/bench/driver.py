@@ -151,8 +151,12 @@ def bench(
         require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "aot bench")
         loaded = recipe_of_build(directory, integrity.manifest)
     shapes = grid_shapes(loaded, grid or {})
-    if peers and is_decoder_with_cache(loaded):
-        raise RecipeError("--peers: a decoder build is timed against eager generate only")
+    from aot.bench.decoder_peers import DECODER_PEERS
+
+    misplaced = [peer for peer in peers or () if (peer in DECODER_PEERS) != is_decoder_with_cache(loaded)]
+    if misplaced:
+        kind = "a decoder build takes only the decoder peers" if is_decoder_with_cache(loaded) else "the decoder peers are for a decoder build"
+        raise RecipeError(f"--peers {misplaced[0]}: {kind} ({', '.join(DECODER_PEERS)})")
     if is_decoder_with_cache(loaded) and new_tokens < 2:
         raise RecipeError(f"--new-tokens {new_tokens}: a decode time needs at least 2 tokens")
     if peers and loaded.recipe.model.device != "cpu":

@@ -16,6 +16,8 @@ times it (:mod:`aot.bench.worker`), in the same run as aot's artifacts:
 - ``hf_onnx``: transformers' own exporter (``transformers.exporters.OnnxExporter``, 5.24 and later) with
   dynamic shapes and its ONNX Runtime fusions for the CPU (``OnnxConfig(dynamic=True, ort_fusions="cpu")``),
   saved as its ``save_pretrained`` writes it; on an older transformers it fails to build, and says why;
+- ``decoder`` (a decoder build's only peers): ``eager_bf16`` and onnxruntime-genai's ``ort_genai``
+  (:mod:`aot.bench.decoder_peers`);
 - ``torch_compile_freezing``: ``torch.compile`` with inductor freezing (opt-in:
   it compiles for tens of seconds per shape; the bench reports the first call's time).
 
@@ -32,6 +34,7 @@ from typing import Any
 
 import torch
 
+from aot.bench.decoder_peers import DECODER_PEERS
 from aot.bench.int8_peers import quantize_onnx_dynamic, quantize_torch_dynamic
 
 log = logging.getLogger(__name__)
@@ -39,8 +42,8 @@ log = logging.getLogger(__name__)
 ONNX_PEERS = ("ort_torchscript", "ort_torchscript_fused", "ort_dynamo", "ort_dynamo_fused", "hf_onnx")
 INT8_PEERS = ("ort_quantize_dynamic", "torch_ao_dynamic")
 ALL_PEERS = ONNX_PEERS + INT8_PEERS + ("torch_compile_freezing",)
-# The names ``--peers`` takes besides the peers' own.
-PEER_GROUPS = {"": (), "onnx": ONNX_PEERS, "int8": INT8_PEERS, "all": ALL_PEERS}
+# The names ``--peers`` takes besides the peers' own; a decoder build's peers are its own (aot.bench.decoder_peers).
+PEER_GROUPS = {"": (), "onnx": ONNX_PEERS, "int8": INT8_PEERS, "all": ALL_PEERS, "decoder": DECODER_PEERS}
 
 Runner = Callable[[dict[str, torch.Tensor]], Any]
 
@@ -49,10 +52,11 @@ def peer_names(text: str) -> tuple[str, ...]:
     """The peers ``--peers text`` names, in order, once each: a comma list of peers and groups of :data:`PEER_GROUPS`."""
     items = [item.strip() for item in text.split(",")]
     wanted = tuple(dict.fromkeys(peer for item in items for peer in PEER_GROUPS.get(item, (item,))))
-    unknown = [name for name in wanted if name not in ALL_PEERS]
+    unknown = [name for name in wanted if name not in ALL_PEERS + DECODER_PEERS]
     if unknown:
         groups = ", ".join(group for group in PEER_GROUPS if group)
-        raise ValueError(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(ALL_PEERS)} (groups: {groups})")
+        known = ", ".join(ALL_PEERS + DECODER_PEERS)
+        raise ValueError(f"unknown peer(s) {', '.join(unknown)}; known: {known} (groups: {groups})")
     return wanted
 
 

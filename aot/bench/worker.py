@@ -157,10 +157,22 @@ class RunnerHost:
         elif spec.runner == "onnx":
             onnx_step = generation.onnx_step(build / "model.onnx", spec.threads)
             generate = generation.step_generate(onnx_step, onnx_step.past_layout)
+        elif spec.runner == "eager_bf16":
+            from aot.bench.decoder_peers import eager_bf16_generate
+
+            generate = eager_bf16_generate(load_model(loaded).causal_lm)
+        elif spec.runner == "ort_genai":
+            from aot.bench.decoder_peers import genai_generate
+            from aot.errors import RecipeError
+            from aot.recipe import pretrained_directory
+
+            if loaded.recipe.model.pretrained is None:
+                raise RecipeError("peer 'ort_genai' builds from the recipe's model.pretrained checkpoint, which this recipe has not")
+            generate = genai_generate(pretrained_directory(loaded), Path(spec.workdir), spec.threads)
         else:
             from aot.errors import RecipeError
 
-            raise RecipeError(f"peer '{spec.runner}': a decoder build is timed against eager generate only (no peers)")
+            raise RecipeError(f"peer '{spec.runner}': not a decoder peer")
         return generation.timed_generation(generate, spec.new_tokens), _read_inputs(inputs_file)
 
     def accuracy(self) -> dict[str, Any]:

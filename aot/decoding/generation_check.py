@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,6 +55,7 @@ class GenerationCheck:
     new_tokens: int
     ok: bool
     message: str | None = None
+    judged_by: str | None = None  # "fidelity gate" where exact tokens are recorded, not required
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -194,13 +196,17 @@ class GenerationReference:
     artifact_meta: dict
     atol: float  # a tie: eager's token within atol + rtol * |best| of the artifact's best logit
     rtol: float
+    fidelity: Any = None  # a FidelityReference where the recipe gates on fidelity (aot.decoding.fidelity)
 
     @classmethod
-    def take(cls, step, prompt_lengths: Sequence[int], new_tokens: int, seed: int, atol: float, rtol: float) -> GenerationReference:
-        """``step``: the build's :class:`~aot.decoding.keyword_step.DecoderStep`; ``atol``/``rtol``: the step's tolerances."""
+    def take(cls, step, prompt_lengths: Sequence[int], new_tokens: int, seed: int, atol: float, rtol: float,
+             fidelity: Callable[[torch.nn.Module], Any] | None = None) -> GenerationReference:
+        """``step``: the build's :class:`~aot.decoding.keyword_step.DecoderStep`; ``atol``/``rtol``: the step's tolerances;
+        ``fidelity``: takes the fidelity gate's reference from the causal LM, where the recipe has one."""
         made = prompts(prompt_lengths, step.config.vocab_size, seed)
         tokens = [eager_tokens(step.causal_lm, prompt, new_tokens) for prompt in made]
-        return cls(made, tokens, new_tokens, step.artifact_meta(), atol, rtol)
+        reference = fidelity(step.causal_lm) if fidelity is not None else None
+        return cls(made, tokens, new_tokens, step.artifact_meta(), atol, rtol, reference)
 
     def check_files(self, directory: Path, sha256_of: Callable[[str], str | None]) -> list[GenerationCheck]:
         """``model.onnx`` through plain ONNX Runtime, ``graph_module/`` through its ``module.py``'s own ``generate``."""
@@ -212,14 +218,23 @@ class GenerationReference:
         if (directory / "model.onnx").is_file():
             onnx_step = OnnxStep(directory / "model.onnx")
             forced = ForcedStep(onnx_step, onnx_step.past_layout, self.atol, self.rtol)
-            results += check_generation("onnx", stepwise(onnx_step, onnx_step.past_layout), self.prompts, self.tokens, self.new_tokens, forced)
+            results += self._checked("onnx", stepwise(onnx_step, onnx_step.past_layout), forced)
             del onnx_step, forced
         module_file = "graph_module/module.py"
         if (directory / module_file).is_file():
             saved = export.load_standalone(directory / "graph_module", sha256_of(module_file), keep_freed_memory=False)
             forced = ForcedStep(self._keyword_step(saved), self._past_layout(), self.atol, self.rtol)
-            results += check_generation("graph_module", saved.generate, self.prompts, self.tokens, self.new_tokens, forced)
+            results += self._checked("graph_module", saved.generate, forced)
         return results
+
+    def _checked(self, artifact: str, generate, forced: ForcedStep) -> list:
+        """Exact tokens against eager's; with a fidelity gate, those are recorded and the gate decides."""
+        results = check_generation(artifact, generate, self.prompts, self.tokens, self.new_tokens, None if self.fidelity else forced)
+        if self.fidelity is None:
+            return results
+        for result in results:
+            result.ok, result.judged_by = True, "fidelity gate"
+        return [*results, self.fidelity.measure(artifact, forced.step, forced.past_layout, generate)]
 
     def _keyword_step(self, saved: torch.nn.Module):
         """The saved step, which takes keywords and returns a dict, as a flat step (as ``module.py``'s generate calls it)."""

@@ -2,7 +2,10 @@
 
 - an encoder: each text's pooled embedding, or with ``similarity`` the cosine of every pair;
 - a classifier: each text's top labels (``id2label``) with softmax scores;
-- a decoder: each prompt's greedy continuation, stopping at eos.
+- a decoder: each prompt's greedy continuation, stopping at eos;
+- a vision classifier: each image file's top labels, through the shipped image processor.
+
+Where a build ships no tokenizer, encoders and classifiers take token ids instead (:func:`parse_ids`).
 
 Texts are read from arguments, a file or a stream by :func:`read_texts`: one example a line, or a
 JSONL file's ``field``; a blank line is an error naming its line.
@@ -44,8 +47,12 @@ def read_texts(lines: Iterable[str], source: str, field: str | None = None) -> l
     return texts
 
 
-def texts_from(arguments: tuple[str, ...], file: str | None, field: str | None, stdin: TextIO) -> list[str]:
+def texts_from(arguments: tuple[str, ...], file: str | None, field: str | None, stdin: TextIO, ids: tuple[str, ...] = ()) -> list[str]:
     """The texts ``aot run`` answers: its arguments, else ``--file`` (``.jsonl``: ``field``, default ``text``), else stdin."""
+    if ids:
+        if arguments or file is not None:
+            raise RecipeError("give either --ids or texts (TEXT or --file), not both")
+        return []
     if arguments:
         empty = [index + 1 for index, text in enumerate(arguments) if not text.strip()]
         if empty:
@@ -65,32 +72,53 @@ def texts_from(arguments: tuple[str, ...], file: str | None, field: str | None, 
     return read_texts(stdin, "stdin", field)
 
 
+def parse_ids(values: tuple[str, ...]) -> list[list[int]]:
+    """``--ids`` values (``"101 7592 102"`` or ``"101,7592,102"``) as rows of token ids; an error names the bad one."""
+    rows = []
+    for number, value in enumerate(values, 1):
+        try:
+            rows.append([int(token) for token in value.replace(",", " ").split()])
+        except ValueError:
+            raise RecipeError(f"--ids {number}: {value!r} is not integers separated by spaces or commas") from None
+        if not rows[-1]:
+            raise RecipeError(f"--ids {number} is empty")
+    return rows
+
+
 def answer(model: BuiltModel, texts: list[str], *, similarity: bool = False, pooling: str | None = None, top: int = 3,
-           max_new_tokens: int = 32, on_batch: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """The answers for ``texts`` (see the module docstring) with the task, runtime and truncated texts."""
-    if model.task == "vision":
-        raise RecipeError(f"{model.directory}: a vision build takes images: call aot.load(...)({{'pixel_values': ...}})")
-    if similarity and (model.task != "encoder" or len(texts) < 2):
+           max_new_tokens: int = 32, on_batch: Callable[[int, int], None] | None = None,
+           token_ids: list[list[int]] | None = None) -> dict[str, Any]:
+    """The answers for ``texts`` (image paths for a vision build; or ``token_ids``' rows) with the task, runtime
+    and truncated texts; see the module docstring."""
+    examples: list[Any] = token_ids if token_ids else texts
+    if token_ids and model.task not in ("encoder", "classifier"):
+        raise RecipeError(f"{model.directory}: token ids feed an encoder or a classifier, not a {model.task} build")
+    if similarity and (model.task != "encoder" or len(examples) < 2):
         raise RecipeError("--similarity needs an encoder build and at least two texts")
     result: dict[str, Any] = {"task": model.task, "runtime": model.runtime, "build": str(model.directory), "items": [], "truncated": []}
+    key = "ids" if token_ids else "text"
     vectors = []
-    for start in range(0, len(texts), BATCH_SIZE):
-        batch = texts[start:start + BATCH_SIZE]
+    for start in range(0, len(examples), BATCH_SIZE):
+        batch = examples[start:start + BATCH_SIZE]
+        given = model.encode_ids(batch) if token_ids else batch
         if model.task == "decoder":
             for prompt, generated in zip(batch, model.generate(batch, max_new_tokens)):
                 result["items"].append({"prompt": prompt, "generated": generated})
+        elif model.task == "vision":
+            result["items"] += [{"image": path, "labels": [{"label": label, "score": score} for label, score in row]}
+                                for path, row in zip(batch, model.classify_images(batch, top))]
         elif model.task == "classifier":
-            labels, truncated = model.classify(batch, top)
-            result["items"] += [{"text": text, "labels": [{"label": label, "score": score} for label, score in row]}
+            labels, truncated = model.classify(given, top)
+            result["items"] += [{key: text, "labels": [{"label": label, "score": score} for label, score in row]}
                                 for text, row in zip(batch, labels)]
             result["truncated"] += [start + index for index in truncated]
         else:
-            embeddings, truncated = model.embed(batch, pooling)
+            embeddings, truncated = model.embed(given, pooling)
             vectors.append(embeddings)
-            result["items"] += [{"text": text, "embedding": row.tolist()} for text, row in zip(batch, embeddings)]
+            result["items"] += [{key: text, "embedding": row.tolist()} for text, row in zip(batch, embeddings)]
             result["truncated"] += [start + index for index in truncated]
         if on_batch is not None:
-            on_batch(min(start + BATCH_SIZE, len(texts)), len(texts))
+            on_batch(min(start + BATCH_SIZE, len(examples)), len(examples))
     if model.task == "encoder":
         result["pooling"] = pooling or model.pooling
     if similarity:

@@ -4,6 +4,8 @@
     model.embed(["A man is eating food.", "A man eats."])      # (2, 384): the recipe's pooling
     model.similarity(["A man is eating food.", "A man eats."]) # (2, 2) cosine similarities
     model.classify(["great film"])                 # [[("POSITIVE", 0.93), ...]]: id2label, softmax
+    model.classify_images(["cat.jpg"])             # a vision build: through the shipped image processor
+    model.embed(model.encode_ids([[101, 7592, 102]]))         # token ids where a build ships no tokenizer
     model.generate("Once upon a time", max_new_tokens=20)      # greedy text, stops at eos
     model({"input_ids": ..., "attention_mask": ...})           # token ids in, outputs out
 
@@ -60,6 +62,7 @@ class BuiltModel:
         accuracy = (recipe.get("validate") or {}).get("accuracy") or {}
         self.pooling = accuracy.get("pooling") or "mean"
         self._tokenizer = None
+        self._processor = None
         self._config = None
 
     # -- what the build shipped ------------------------------------------------------------------------------
@@ -74,11 +77,23 @@ class BuiltModel:
         if self._tokenizer is None:
             if not self.deployment.get("tokenizer"):
                 why = (self.deployment.get("missing") or {}).get("tokenizer", "its manifest names none")
-                raise RecipeError(f"{self.directory}: this build ships no tokenizer ({why}): pass token ids instead")
+                raise RecipeError(f"{self.directory}: this build ships no tokenizer ({why}): pass token ids instead (aot run --ids)")
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
         return self._tokenizer
+
+    @property
+    def processor(self) -> Any:
+        """The shipped image processor (``preprocessor_config.json``); a clear error where none ships."""
+        if self._processor is None:
+            if not self.deployment.get("processor"):
+                why = (self.deployment.get("missing") or {}).get("processor", "its manifest names none")
+                raise RecipeError(f"{self.directory}: this build ships no image processor ({why}): pass pixel_values instead")
+            from aot.bundle import load_image_processor
+
+            self._processor = load_image_processor(self.directory)
+        return self._processor
 
     @property
     def config(self) -> Any:
@@ -120,12 +135,13 @@ class BuiltModel:
             log.warning("text %d is %d tokens long: cut to the build's %d", index + 1, len(full[index]), limit)
         return Encoded(inputs, truncated)
 
-    def embed(self, texts: list[str], pooling: str | None = None) -> tuple[torch.Tensor, list[int]]:
-        """One vector per text, pooled over its tokens (``pooling``, else the recipe's, else mean); and the truncated."""
+    def embed(self, texts: list[str] | Encoded, pooling: str | None = None) -> tuple[torch.Tensor, list[int]]:
+        """One vector per text (or :meth:`encode_ids`'s rows), pooled over its tokens (``pooling``, else the recipe's,
+        else mean); and the truncated."""
         pooling = pooling or self.pooling
         if pooling not in POOLINGS:
             raise RecipeError(f"pooling '{pooling}' is not one of {', '.join(POOLINGS)}")
-        encoded = self.encode(texts)
+        encoded = texts if isinstance(texts, Encoded) else self.encode(texts)
         outputs = self.artifact(encoded.inputs)
         name = "last_hidden_state" if "last_hidden_state" in outputs else next(iter(outputs))
         from aot.accuracy import pooled_vectors
@@ -137,15 +153,54 @@ class BuiltModel:
         vectors, truncated = self.embed(texts, pooling)
         return cosine_similarities(vectors), truncated
 
-    def classify(self, texts: list[str], top: int = 3) -> tuple[list[list[tuple[str, float]]], list[int]]:
-        """The ``top`` labels of each text (``id2label``) with their softmax scores."""
-        encoded = self.encode(texts)
-        logits = self.artifact(encoded.inputs)["logits"].to(torch.float32)
-        scores = logits.softmax(dim=-1)
+    def encode_ids(self, rows: list[list[int]]) -> Encoded:
+        """Token ids (one list a text, as a tokenizer gave them) as the artifact's inputs, right padded.
+
+        Padding is the tokenizer's pad id, else the config's, else 0, masked out; ``token_type_ids`` are 0.
+        """
+        if not rows or any(not row for row in rows):
+            raise RecipeError("no token ids given" if not rows else f"token ids {next(i for i, row in enumerate(rows) if not row) + 1} are empty")
+        limit = self.max_sequence
+        longest = max(len(row) for row in rows)
+        if limit is not None and longest > limit:
+            raise RecipeError(f"{longest} token ids are more than the build's longest sequence, {limit}")
+        vocabulary = getattr(self.config.get_text_config(), "vocab_size", None) if self.config is not None else None
+        for index, row in enumerate(rows):
+            outside = [token for token in row if token < 0 or (vocabulary is not None and token >= vocabulary)]
+            if outside:
+                raise RecipeError(f"token ids {index + 1}: {outside[0]} is outside the vocabulary (0..{(vocabulary or 0) - 1})")
+        pad = self._pad_id()
+        ids = torch.tensor([row + [pad] * (longest - len(row)) for row in rows], dtype=torch.int64)
+        mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows], dtype=torch.int64)
+        made = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        missing = [name for name in self._tensors if name not in made]
+        if missing:
+            raise RecipeError(f"{self.directory}: token ids cannot feed its {', '.join(missing)}")
+        return Encoded({name: made[name].to(getattr(torch, self._tensors[name].get("dtype", "int64"))) for name in self._tensors})
+
+    def _pad_id(self) -> int:
+        if self.deployment.get("tokenizer") and self.tokenizer.pad_token_id is not None:
+            return int(self.tokenizer.pad_token_id)
+        pad = getattr(self.config.get_text_config(), "pad_token_id", None) if self.config is not None else None
+        return int(pad) if pad is not None else 0
+
+    def classify(self, texts: list[str] | Encoded, top: int = 3) -> tuple[list[list[tuple[str, float]]], list[int]]:
+        """The ``top`` labels of each text (``id2label``) with their softmax scores (texts, or :meth:`encode_ids`'s)."""
+        encoded = texts if isinstance(texts, Encoded) else self.encode(texts)
+        return self._top_labels(self.artifact(encoded.inputs)["logits"], top), encoded.truncated
+
+    def classify_images(self, paths: list[str], top: int = 3) -> list[list[tuple[str, float]]]:
+        """The ``top`` labels of each image file (``id2label``) with their softmax scores, through the shipped processor."""
+        pixels = self.processor(images=[_read_image(path) for path in paths], return_tensors="pt")["pixel_values"]
+        dtype = getattr(torch, self._tensors.get("pixel_values", {}).get("dtype", "float32"))
+        return self._top_labels(self.artifact({"pixel_values": pixels.to(dtype)})["logits"], top)
+
+    def _top_labels(self, logits: torch.Tensor, top: int) -> list[list[tuple[str, float]]]:
+        scores = logits.to(torch.float32).softmax(dim=-1)
         labels = getattr(self.config, "id2label", None) or {}
         best = scores.topk(min(top, scores.shape[-1]), dim=-1)
         return [[(labels.get(int(i), str(int(i))), float(s)) for s, i in zip(row_scores, row_ids)]
-                for row_scores, row_ids in zip(best.values, best.indices)], encoded.truncated
+                for row_scores, row_ids in zip(best.values, best.indices)]
 
     def generate(self, texts: list[str], max_new_tokens: int = 32) -> list[str]:
         """Greedy continuations of ``texts`` (a batch, left padded), each stopping at the model's eos."""
@@ -189,6 +244,20 @@ def cosine_similarities(vectors: torch.Tensor) -> torch.Tensor:
     """The cosine of every pair of rows of ``vectors``, (n, n)."""
     unit = torch.nn.functional.normalize(vectors, dim=1)
     return unit @ unit.T
+
+
+def _read_image(path: str) -> Any:
+    """An image file as RGB, through Pillow (the ``vision`` extra); a clear error naming the file."""
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise RecipeError("reading images needs Pillow: pip install 'aot[vision]'") from None
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, UnidentifiedImageError) as error:
+        reason = "not an image Pillow reads" if isinstance(error, UnidentifiedImageError) else (getattr(error, "strerror", None) or str(error))
+        raise RecipeError(f"{path}: cannot read the image: {reason}") from None
 
 
 def _check_texts(texts: list[str]) -> None:

@@ -7,5 +7,6 @@ that an artifact writer can copy its source into a saved, torch-only
 
 from .int8_linear import Int8DynamicLinear
 from .onednn_linear import OneDNNLinear
+from .weight_only_linear import WeightOnlyLinear
 
-__all__ = ["Int8DynamicLinear", "OneDNNLinear"]
+__all__ = ["Int8DynamicLinear", "OneDNNLinear", "WeightOnlyLinear"]

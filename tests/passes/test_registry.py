@@ -18,7 +18,7 @@ REVERSIBLE = {
 }
 # quantize_linear_int8 swaps nn.Linear modules, which an ATen graph holds as aten.linear on parameters;
 # cast_precision: an ATen graph bakes in its dtypes.
-FX_ONLY = {"quantize_linear_int8", "cast_precision"}
+FX_ONLY = {"quantize_linear_int8", "quantize_linear_weights", "cast_precision"}
 NOT_REWRITING = {"deep_copy", "lint_and_recompile"}  # no graph before and after to show
 
 

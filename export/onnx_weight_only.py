@@ -1,0 +1,173 @@
+"""The ONNX form of ``aot.runtime.WeightOnlyLinear``: ONNX Runtime's ``MatMulNBits`` (com.microsoft).
+
+``torch.export`` traces a ``WeightOnlyLinear`` into its float formula (dequantize, then
+``linear``), which ONNX Runtime would run in float on a float weight. So before the ONNX
+export each call of one becomes a call of the custom op ``aot::weight_only_linear`` on a
+copy of the graph, whose tensors are the layer's own codes laid out as ``MatMulNBits`` reads
+them, and the exporter translates the op into::
+
+    y = MatMulNBits(x, B, scales[, zero_points], K=in, N=out, bits, block_size, accuracy_level)  [+ bias]
+
+with ``W ≈ (B - zero_point) · scale`` block by block along ``K``:
+
+- int4: ``B`` is the layer's ``weight`` bytes viewed as ``(N, K / block, block / 2)`` (the same
+  bytes: the module stores them in this layout), ``scales`` its ``weight_scale`` flattened,
+  ``zero_points`` its ``weight_zero`` two a byte, each row padded to whole bytes (absent when
+  symmetric: ``MatMulNBits``'s default zero point is 8);
+- int8 (per output channel): ``B`` is ``q + 128`` as uint8 in blocks of the largest of 256,
+  128, 64, 32, 16 that divides ``K``, each row's one scale repeated over its blocks (the default
+  zero point, 128, undoes the shift). Exactly the module's ``q · s``.
+
+``accuracy_level`` follows the layer's ``activations``: ``"int8"`` gives 4, the kernel rounding the
+activations to int8 per block (onnxruntime-genai's CPU models use it; the GraphModule rounds them
+per token), ``"float"`` gives 0, computing in float32 as the GraphModule then does. The fidelity gate
+holds each artifact to the float model on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.fx
+
+from aot.runtime.weight_only_linear import WeightOnlyLinear, wo_unpack_int4
+
+from .onnx_int8 import copied_graph
+
+_INT8_BLOCKS = (256, 128, 64, 32, 16)
+_ACCURACY_LEVELS = {"int8": 4, "float": 0}  # MatMulNBits' accuracy_level for a layer's activations
+
+
+@torch.library.custom_op("aot::weight_only_linear", mutates_args=())
+def weight_only_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+                       bias: torch.Tensor | None, in_features: int, out_features: int, bits: int, block_size: int,
+                       accuracy_level: int) -> torch.Tensor:
+    """``MatMulNBits``'s meaning in torch (``accuracy_level`` aside): what the exporter sees and translates."""
+    blocks = in_features // block_size
+    if bits == 4:
+        codes = wo_unpack_int4(weight.reshape(out_features, -1)).float().reshape(out_features, blocks, block_size)
+        zero = torch.full((out_features, blocks), 8.0) if zero_points is None else _unpacked_zero_points(zero_points, out_features, blocks)
+    else:
+        codes = weight.float()
+        zero = torch.full((out_features, blocks), 128.0)
+    dequantized = ((codes - zero[..., None]) * scales.reshape(out_features, blocks, 1)).reshape(out_features, in_features)
+    return torch.nn.functional.linear(input, dequantized.to(input.dtype), None if bias is None else bias.to(input.dtype))
+
+
+@weight_only_linear.register_fake
+def _(input, weight, scales, zero_points, bias, in_features, out_features, bits, block_size, accuracy_level):
+    return input.new_empty((*input.shape[:-1], out_features))
+
+
+def _onnx_weight_only_linear(input, weight, scales, zero_points=None, bias=None, in_features=0, out_features=0, bits=4,
+                             block_size=32, accuracy_level=0):
+    from onnxscript import opset18 as op
+    from onnxscript.values import Op, Opset
+
+    matmul_nbits = Op(Opset("com.microsoft", 1), "MatMulNBits", _matmul_nbits_schema())
+    inputs = (input, weight, scales) if zero_points is None else (input, weight, scales, zero_points)
+    output = matmul_nbits(*inputs, K=in_features, N=out_features, bits=bits, block_size=block_size, accuracy_level=accuracy_level)
+    return output if bias is None else op.Add(output, bias)
+
+
+@functools.cache
+def _matmul_nbits_schema():
+    """ONNX Runtime's ``com.microsoft::MatMulNBits`` as an ``onnx.defs.OpSchema``: the onnx package registers no
+    contrib ops, and the exporter records an op only with its schema. The inputs and attributes aot uses."""
+    from onnx.defs import OpSchema
+
+    parameter = OpSchema.FormalParameter
+    optional = OpSchema.FormalParameterOption.Optional
+    integer = OpSchema.AttrType.INT
+    return OpSchema(
+        "MatMulNBits", "com.microsoft", 1,
+        inputs=[parameter("A", "T1"), parameter("B", "T2"), parameter("scales", "T1"),
+                parameter("zero_points", "T3", param_option=optional)],
+        outputs=[parameter("Y", "T1")],
+        type_constraints=[("T1", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], ""),
+                          ("T2", ["tensor(uint8)"], ""), ("T3", ["tensor(uint8)", "tensor(float)"], "")],
+        attributes=[OpSchema.Attribute(name, integer, "", required=True) for name in ("K", "N", "bits", "block_size")]
+        + [OpSchema.Attribute("accuracy_level", integer, "", required=False)],
+    )
+
+
+def onnx_tensors(layer: WeightOnlyLinear) -> tuple[int, dict[str, torch.Tensor]]:
+    """``(block_size, {name: tensor})``: the layer's codes as ``MatMulNBits`` takes them; see the module doc."""
+    out_features, in_features = layer.out_features, layer.in_features
+    if layer.bits == 4:
+        block = layer.group_size
+        tensors = {"weight": layer.weight.reshape(out_features, in_features // block, block // 2),
+                   "weight_scale": layer.weight_scale.reshape(-1)}
+        zero = getattr(layer, "weight_zero", None)
+        if zero is not None:
+            padded = torch.nn.functional.pad(zero, (0, zero.shape[1] % 2), value=0)
+            tensors["weight_zero"] = (padded[:, 0::2] | (padded[:, 1::2] << 4)).reshape(-1).contiguous()
+    else:
+        block = next((size for size in _INT8_BLOCKS if in_features % size == 0), None)
+        if block is None:
+            raise ValueError(f"{in_features} input features: MatMulNBits needs a block of 16 or more that divides them")
+        shifted = (layer.weight.to(torch.int16) + 128).to(torch.uint8)
+        tensors = {"weight": shifted.reshape(out_features, in_features // block, block),
+                   "weight_scale": layer.weight_scale[:, None].expand(-1, in_features // block).reshape(-1).contiguous()}
+    if layer.bias is not None:
+        tensors["bias"] = layer.bias
+    return block, tensors
+
+
+def lower_weight_only_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:
+    """``gm`` with each WeightOnlyLinear call as ``aot::weight_only_linear`` on MatMulNBits-shaped tensors, and the
+    exporter's translation table for it.
+
+    The graph is copied and the lowered layers' tensors live on the copy's own holder modules, at
+    the layers' paths (so the ONNX initializers keep the GraphModule's names); ``gm`` and its
+    modules are left as they are. A graph without such layers comes back unchanged.
+    """
+    calls = [node for node in gm.graph.nodes
+             if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), WeightOnlyLinear)]
+    if not calls:
+        return gm, {}
+    graph = copied_graph(gm.graph)
+    holders: dict[str, dict[str, torch.Tensor]] = {}
+    for node in [node for node in graph.nodes if node.op == "call_module"]:
+        layer = gm.get_submodule(str(node.target))
+        if not isinstance(layer, WeightOnlyLinear):
+            continue
+        block, tensors = onnx_tensors(layer)
+        holders[str(node.target)] = tensors  # a layer called at several sites: the same tensors
+        with graph.inserting_before(node):
+            got = {name: graph.get_attr(f"{node.target}.{name}") for name in tensors}
+            call = graph.call_function(torch.ops.aot.weight_only_linear.default, (
+                node.args[0] if node.args else node.kwargs["input"], got["weight"], got["weight_scale"],
+                got.get("weight_zero"), got.get("bias"), layer.in_features, layer.out_features, layer.bits, block,
+                _ACCURACY_LEVELS[layer.activations],
+            ))
+        call.meta.update(node.meta)
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+    root = {**{target: _resolve(gm, target) for target in _targets(graph) if not _under(target, holders)},
+            **{f"{target}.{name}": tensor for target, tensors in holders.items() for name, tensor in tensors.items()}}
+    lowered = torch.fx.GraphModule(root, graph, class_name=type(gm).__name__)
+    lowered.meta.update(gm.meta)
+    return lowered, {torch.ops.aot.weight_only_linear.default: _onnx_weight_only_linear}
+
+
+def _targets(graph: torch.fx.Graph) -> list[str]:
+    return list(dict.fromkeys(str(node.target) for node in graph.nodes if node.op in ("get_attr", "call_module")))
+
+
+def _under(target: str, holders: dict) -> bool:
+    return any(target == path or target.startswith(path + ".") for path in holders)
+
+
+def _resolve(gm: torch.nn.Module, target: str):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _unpacked_zero_points(packed: torch.Tensor, rows: int, blocks: int) -> torch.Tensor:
+    """``MatMulNBits``'s 4-bit zero points (two a byte, rows padded to whole bytes) as floats ``(rows, blocks)``."""
+    per_row = packed.reshape(rows, -1)
+    return torch.stack([per_row & 0x0F, per_row >> 4], dim=-1).reshape(rows, -1)[:, :blocks].float()

@@ -1,0 +1,111 @@
+"""QuantizeLinearWeights: linear layers with int4 (per group) or int8 (per channel) weights, float activations.
+
+A decoder generating one token reads every weight once, so its speed is the bytes of its weights
+over the memory bandwidth: int4 weights read an eighth of float32's. Matches (``fx`` frontend)
+every float32 ``nn.Linear`` call whose path no ``skip`` pattern names::
+
+    h = self.model.layers.0.mlp.down_proj(x)       # nn.Linear(8192, 2048, bias=False), float32
+
+Rewrites to::
+
+    h = self.model.layers.0.mlp.down_proj(x)       # aot.runtime.WeightOnlyLinear(8192, 2048, bias=False,
+                                                    #     bits=4, group_size=32, symmetric=True)
+
+Math, for each group ``w`` of ``g = group_size`` consecutive weights of a row (int4), or each
+row (int8)::
+
+    int4, symmetric:   s = max|w| / 7,   q = clamp(round(w / s), -8, 7) + 8,   z = 8
+    int4, asymmetric:  lo = min(min w, 0), hi = max(max w, 0), s = (hi - lo) / 15,
+                       z = clamp(round(-lo / s), 0, 15),   q = clamp(round(w / s) + z, 0, 15)
+    int8:              s = max|w| / 127,  q = clamp(round(w / s), -127, 127),   z = 0
+    y = x · ((q - z) · s)^T + b
+
+Each weight moves by at most ``s / 2``, so this pass does not preserve the computation: a
+decoder recipe using it names a fidelity gate (``generation.fidelity``: KL divergence and top-1
+agreement of next-token distributions, greedy agreement), an encoder an accuracy gate.
+
+With ``activations: int8`` (the default) each token's activations are rounded to int8 too, for
+int8 GEMMs: ``torch._int_mm`` in the saved GraphModule (:mod:`aot.runtime.weight_only_linear`),
+ONNX Runtime's ``MatMulNBits`` at ``accuracy_level=4`` in the ONNX model, on the very same codes and
+scales (:mod:`aot.export.onnx_weight_only`); with ``float`` both compute in float32.
+
+Left alone, with a note: layers named by ``skip`` (``fnmatch`` patterns on the module path),
+an output projection named ``lm_head`` unless ``lm_head: true``, subclasses of ``nn.Linear``
+and layers with hooks, weights that are not float32 or not on the CPU, int4 layers whose input
+width the group size does not divide, and calls with unusual arguments. Embedding tables stay
+float: a lookup reads a few rows, not the table, so quantising them saves bytes on disk but no
+time. A layer called at several sites is converted once and serves them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from torch.fx import GraphModule
+
+from aot.runtime.weight_only_linear import WeightOnlyLinear
+
+from ._modules import set_submodule
+from ._quantizable_linears import LinearLayer, describe, linear_layers, quantizable_miss
+from .registry import register_pass
+from .rule import Match, RewriteRule
+
+
+@register_pass("quantize_linear_weights", frontends=("fx",))
+class QuantizeLinearWeights(RewriteRule):
+    """Runs nn.Linear layers with int4 or int8 weights and float activations (not computation-preserving)."""
+
+    preserves_computation = False
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        bits: Literal[4, 8] = Field(default=4, description="4: int4 codes in groups of `group_size` weights; 8: int8, one scale per output channel.")
+        group_size: Literal[32, 64, 128, 256] = Field(
+            default=32, description="int4: weights sharing one scale (and zero point), along a row; smaller keeps more accuracy.",
+        )
+        symmetric: bool = Field(
+            default=True, description="int4: zero point fixed at 8 (true), or one per group fitted to its range (false). int8 is symmetric.",
+        )
+        activations: Literal["int8", "float"] = Field(
+            default="int8",
+            description="How the product runs: `int8` rounds each token's activations to int8 for int8 GEMMs (torch._int_mm in "
+            "module.py, MatMulNBits accuracy_level 4 in ONNX: the fast path on CPUs); `float` multiplies float32 activations by "
+            "the dequantized weight (float32 speed, the codes' exact values).",
+        )
+        lm_head: bool = Field(
+            default=True, description="Quantise the output projection (a layer named `lm_head`), often the largest single weight.",
+        )
+        skip: list[str] = Field(
+            default=[],  # pydantic copies it per instance; a literal default is what `aot passes` prints
+            description="fnmatch patterns on module paths (e.g. 'model.layers.0.*') of linear layers to keep in float32.",
+        )
+
+    def candidates(self, graph_module: GraphModule) -> Iterator[Match[LinearLayer]]:
+        """Each nn.Linear with all its call sites: one module, quantised once."""
+        return linear_layers(graph_module)
+
+    def check(self, graph_module: GraphModule, layer: LinearLayer) -> Match[LinearLayer]:
+        target, _ = layer
+        if not self.options.lm_head and target.split(".")[-1] == "lm_head":
+            return Match.fail(f"{describe(layer)}: the output projection, kept in float32 (lm_head: false)")
+        miss = quantizable_miss(graph_module, layer, self.options.skip, "weight-only quantisation")
+        if miss:
+            return Match.fail(miss)
+        in_features = graph_module.get_submodule(target).in_features
+        if self.options.bits == 4 and in_features % self.options.group_size:
+            return Match.fail(f"{describe(layer)}: {in_features} input features are no whole number of groups of {self.options.group_size}")
+        if self.options.bits == 8 and in_features % 16:
+            return Match.fail(f"{describe(layer)}: {in_features} input features are no multiple of 16, the smallest MatMulNBits block")
+        return Match.ok(layer)
+
+    def rewrite(self, graph_module: GraphModule, layer: LinearLayer) -> None:
+        target, nodes = layer
+        linear = graph_module.get_submodule(target)
+        options = self.options
+        symmetric = options.symmetric or options.bits == 8  # int8 is symmetric, one scale per output channel
+        set_submodule(graph_module, target, WeightOnlyLinear.from_linear(linear, options.bits, options.group_size, symmetric,
+                                                                         options.activations))
+        for node in nodes:
+            self.mark_as_transformed(node)

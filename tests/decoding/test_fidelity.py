@@ -1,0 +1,106 @@
+"""The fidelity gate: its metrics on a step that is the model and on perturbed ones, and a recipe's gate end to end."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from aot.decoding.fidelity import METRICS, FidelityReference, FidelityResult, teacher_forced_logits
+from aot.decoding.greedy import greedy_generate
+from tests.decoding.zoo import VOCAB, decoder
+
+RECIPES = Path(__file__).parents[2] / "recipes"
+THRESHOLDS = {"kl_mean": 0.01, "kl_max": 0.05, "top1_agreement": 0.9, "greedy_agreement": 0.5}
+
+
+def _prompts() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(3, VOCAB, (1, length), generator=generator) for length in (6, 13, 9)]
+
+
+def _generate(step):
+    return lambda ids, mask, new_tokens: greedy_generate(step, ids, mask, new_tokens, past_layout=step.past_layout)
+
+
+def _reference(flat) -> FidelityReference:
+    return FidelityReference.take(flat.model, _prompts(), 8, THRESHOLDS)
+
+
+def test_a_step_that_is_the_model_scores_perfectly():
+    flat = decoder("llama")
+    reference = _reference(flat)
+    assert reference.positions == 6 + 13 + 9 and all(p.dtype == torch.float16 for p in reference.log_probs)
+    result = reference.measure("itself", flat, flat.past_layout, _generate(flat))
+    assert result.ok, result.summary()
+    assert result.metrics["kl_mean"] < 1e-3 and result.metrics["kl_max"] < 5e-3, "float16 storage of eager's log-probabilities"
+    assert result.metrics["top1_agreement"] == 1.0 and result.metrics["greedy_agreement"] == 1.0
+    assert result.summary() == "itself: fidelity gate: met (on 3 prompts, 28 positions)"
+
+
+def test_a_step_giving_only_the_last_logits_is_teacher_forced_token_by_token():
+    flat = decoder("llama")
+    last_only = lambda *inputs: [flat(*inputs)[0][:, -1:], *flat(*inputs)[1:]]  # noqa: E731
+    ids = _prompts()[1]
+    with torch.no_grad():
+        every = teacher_forced_logits(flat, flat.past_layout, ids)
+        stepped = teacher_forced_logits(last_only, flat.past_layout, ids)
+    assert every.shape == stepped.shape == (13, VOCAB)
+    torch.testing.assert_close(stepped, every, atol=1e-4, rtol=1e-4)
+
+
+def test_a_perturbed_step_fails_the_metrics_it_misses_and_names_them():
+    flat = decoder("llama")
+    generator = torch.Generator().manual_seed(0)
+
+    def noisy(*inputs):
+        logits, *rest = flat(*inputs)
+        return [logits + 3 * torch.randn(logits.shape, generator=generator), *rest]
+
+    noisy.past_layout = flat.past_layout
+    result = _reference(flat).measure("noisy", noisy, flat.past_layout, _generate(noisy))
+    assert not result.ok and {"kl_mean", "kl_max", "top1_agreement"} <= set(result.failed), result.metrics
+    assert "kl_mean" in result.summary() and "above 0.01" in result.summary() and "below 0.9" in result.summary()
+
+
+def test_metric_directions_cover_every_threshold_of_the_recipe():
+    from aot.recipe_schema import FidelitySpec
+
+    assert {key for key, _ in METRICS.values()} == {name for name in FidelitySpec.model_fields if name.startswith(("max_", "min_")) and name != "max_prompt_tokens"}
+    ceilings = FidelityResult("a", 1, 1, metrics={"kl_mean": 0.2, "top1_agreement": 0.95}, thresholds={"kl_mean": 0.1, "top1_agreement": 0.9})
+    assert ceilings.failed == ["kl_mean"]
+    assert FidelityResult("a", 1, 1, metrics={}, thresholds={"kl_max": 1.0}).failed == ["kl_max"], "a missing metric fails"
+
+
+@pytest.fixture
+def int4_recipe(tmp_path) -> Path:
+    shutil.copytree(RECIPES / "data", tmp_path / "data")
+    path = tmp_path / "int4.yaml"
+    path.write_text((RECIPES / "llama_int4.yaml").read_text())
+    return path
+
+
+def test_a_decoder_with_a_quantizing_pass_needs_a_fidelity_gate(int4_recipe, cli):
+    text = int4_recipe.read_text()
+    without = text[: text.index("  fidelity:")]
+    int4_recipe.write_text(without)
+    result = cli("build", int4_recipe, "-o", int4_recipe.parent / "out")
+    assert result.exit_code == 2, result.described
+    assert "pass 'quantize_linear_weights' changes the computation" in result.stderr and "generation.fidelity" in result.stderr
+    int4_recipe.write_text(text.replace("prompts: data/prompts.txt", "prompts: data/absent.txt"))
+    result = cli("build", int4_recipe, "-o", int4_recipe.parent / "out")
+    assert result.exit_code == 2 and "generation.fidelity.prompts" in result.stderr and "absent.txt" in result.stderr, result.described
+    assert not (int4_recipe.parent / "out").exists()
+
+
+@pytest.mark.slow
+def test_an_artifact_short_of_the_gate_fails_the_build_naming_the_metric(int4_recipe, cli):
+    text = int4_recipe.read_text()
+    assert "max_kl_mean: 0.02" in text, "precondition: the recipe's own threshold, which int4 meets"
+    int4_recipe.write_text(text.replace("max_kl_mean: 0.02", "max_kl_mean: 0.0005"))
+    result = cli("build", int4_recipe, "-o", int4_recipe.parent / "out")
+    assert result.exit_code == 5, result.described
+    assert "fidelity gate: kl_mean 0.0" in result.stderr and "above 0.0005" in result.stderr, result.stderr
+    assert not (int4_recipe.parent / "out").exists()

@@ -1,0 +1,78 @@
+"""An int4 decoder ships as int4 in both artifacts: packed codes on disk, torch's int4 kernel, ONNX Runtime's MatMulNBits."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import safetensors
+import torch
+
+from aot.build import build
+from aot.export.graph_module_artifact import load_standalone
+from tests.decoding.plain_loop import plain_onnx_runtime_greedy
+
+pytestmark = pytest.mark.slow
+
+RECIPES = Path(__file__).parents[2] / "recipes"
+
+
+@pytest.fixture(scope="module")
+def int4_build(tmp_path_factory) -> Path:
+    """llama_int4.yaml computing in float32 (`activations: float`: MatMulNBits at accuracy_level 0, F.linear in module.py)."""
+    root = tmp_path_factory.mktemp("int4")
+    shutil.copytree(RECIPES / "data", root / "data")
+    text = (RECIPES / "llama_int4.yaml").read_text()
+    assert "{bits: 4, group_size: 32}" in text, "precondition: the recipe's int4 layers, activations at their default"
+    (root / "int4.yaml").write_text(text.replace("{bits: 4, group_size: 32}", "{bits: 4, group_size: 32, activations: float}"))
+    return Path(build(root / "int4.yaml", root / "out").output)
+
+
+def test_the_saved_module_holds_packed_int4_codes(int4_build):
+    meta = (int4_build / "graph_module" / "module.py").read_text()
+    assert "class WeightOnlyLinear" in meta and "activations='float'" in meta
+    with safetensors.safe_open(int4_build / "graph_module" / "weights.safetensors", "pt") as weights:
+        entries = {name: (weights.get_slice(name).get_dtype(), weights.get_slice(name).get_shape()) for name in weights.keys()}
+    scales = sorted(name[: -len(".weight_scale")] for name in entries if name.endswith(".weight_scale"))
+    assert len(scales) == 6 * 4 + 1, "q/k/v, o, gate/up and down of 6 layers, and lm_head"
+    for layer in scales:
+        (dtype, (rows, half)), (_, (scale_rows, groups)) = entries[f"{layer}.weight"], entries[f"{layer}.weight_scale"]
+        assert dtype == "U8" and scale_rows == rows and groups * 32 == 2 * half, (layer, entries[f"{layer}.weight"])
+    embeddings = [entry for name, entry in entries.items() if name.endswith("embed_tokens.weight")]
+    assert [dtype for dtype, _ in embeddings] == ["F32"], "embedding tables stay float"
+
+
+def test_the_onnx_model_runs_every_quantized_layer_as_matmul_nbits_on_the_same_codes(int4_build):
+    model = onnx.load(str(int4_build / "model.onnx"))
+    onnx.checker.check_model(model)
+    nodes = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
+    assert len(nodes) == 25 and all(node.domain == "com.microsoft" for node in nodes)
+    attributes = {a.name: a.i for a in nodes[0].attribute}
+    assert attributes["bits"] == 4 and attributes["block_size"] == 32 and attributes["accuracy_level"] == 0
+    assert not any(node.op_type == "MatMul" and "proj" in node.name for node in model.graph.node)
+    initializers = {tensor.name: onnx.numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    with safetensors.safe_open(int4_build / "graph_module" / "weights.safetensors", "np") as weights:
+        down = next(name[: -len(".weight")] for name in weights.keys() if name.endswith("layers.0.mlp.down_proj.weight"))
+        codes = weights.get_tensor(f"{down}.weight")
+    onnx_codes = next(value for name, value in initializers.items() if name.startswith(down) and value.dtype == np.uint8)
+    np.testing.assert_array_equal(onnx_codes.reshape(codes.shape), codes)
+
+
+def test_a_plain_onnx_runtime_loop_makes_the_graph_modules_tokens(int4_build):
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 30522, (2, 11))
+    mask = np.ones_like(prompt)
+    mask[1, :3], prompt[1, :3] = 0, 0  # the second row is 3 tokens shorter: left padding
+    module = load_standalone(int4_build / "graph_module")
+    with torch.no_grad():
+        expected = module.generate(torch.from_numpy(prompt), torch.from_numpy(mask), 24)[:, 11:].numpy()
+    tokens, _ = plain_onnx_runtime_greedy(int4_build / "model.onnx", prompt, mask, 24)
+    np.testing.assert_array_equal(tokens, expected)
+    assert len({int(t) for t in expected[0]}) > 4, "a loop stuck on one token would prove little"
+    generation = json.loads((int4_build / "manifest.json").read_text())["generation"]
+    assert collections.Counter(g["artifact"] for g in generation if "metrics" in g) == {"onnx": 1, "graph_module": 1}

@@ -1,0 +1,156 @@
+"""QuantizeLinearWeights: which layers turn int4/int8, the codes' maths, the CPU kernels against the formula."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from aot.passes import QuantizeLinearWeights, registry
+from aot.runtime import WeightOnlyLinear
+from aot.runtime.weight_only_linear import wo_pack_int4, wo_quantize_int4, wo_quantize_int8, wo_unpack_int4
+from tests.passes.helpers import call_targets, fx_graph
+
+F = nn.functional
+
+
+class Decoder(nn.Module):
+    """An MLP block, a layer called twice, an output projection named lm_head, a width no group divides, a float64 one."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 128)
+        self.down = nn.Linear(128, 64, bias=False)
+        self.twice = nn.Linear(64, 64)
+        self.odd = nn.Linear(64, 48)
+        self.lm_head = nn.Linear(48, 96, bias=False)
+        self.wide = nn.Linear(96, 8).double()
+
+    def forward(self, x):
+        h = self.twice(self.twice(self.down(F.silu(self.up(x)))))
+        logits = self.lm_head(self.odd(h))
+        return logits, self.wide(logits.double())
+
+
+def _quantized(graph_module) -> dict[str, WeightOnlyLinear]:
+    return {name: module for name, module in graph_module.named_modules() if isinstance(module, WeightOnlyLinear)}
+
+
+def test_the_pass_is_registered_as_changing_the_computation():
+    info = registry.get("quantize_linear_weights")
+    assert info.cls is QuantizeLinearWeights
+    assert not info.preserves_computation and info.supports("fx")
+
+
+def test_float32_linears_become_weight_only_and_the_rest_are_noted():
+    torch.manual_seed(0)
+    graph_module = fx_graph(Decoder().eval(), torch.randn(2, 64))
+    assert call_targets(graph_module)["Linear"] == 7, "precondition: six layers, one called twice"
+
+    quantize = QuantizeLinearWeights(bits=4, group_size=64)
+    result = quantize.apply(graph_module)
+
+    assert set(_quantized(graph_module)) == {"up", "down", "twice", "odd"}
+    assert result.changed == 5 and result.matched == 7, "the layer called twice counts both sites"
+    assert any("'lm_head'" in note and "48 input features are no whole number of groups of 64" in note for note in result.notes), result.notes
+    assert any("'wide'" in note and "torch.float64" in note for note in result.notes), result.notes
+    assert sorted(node.name for node in quantize.get_transformed_nodes(graph_module)) == ["down", "odd", "twice", "twice_1", "up"]
+
+
+def test_skip_patterns_and_lm_head_keep_layers_in_float():
+    torch.manual_seed(0)
+    graph_module = fx_graph(Decoder().eval(), torch.randn(2, 64))
+    result = QuantizeLinearWeights(bits=8, lm_head=False, skip=["tw*"]).apply(graph_module)
+    assert set(_quantized(graph_module)) == {"up", "down", "odd"}
+    assert any("'lm_head'" in note and "lm_head: false" in note for note in result.notes), result.notes
+    assert any("'twice'" in note and "skip pattern 'tw*'" in note for note in result.notes), result.notes
+
+
+def test_options_are_typed():
+    with pytest.raises(ValidationError):
+        QuantizeLinearWeights(bits=3)
+    with pytest.raises(ValidationError):
+        QuantizeLinearWeights(group_size=48)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_codes_are_within_half_a_step_of_each_group(symmetric, group_size):
+    torch.manual_seed(0)
+    weight = torch.randn(24, 256) * torch.linspace(0.01, 2.0, 24)[:, None] + (0.0 if symmetric else 0.3)
+    packed, scale, zero = wo_quantize_int4(weight, group_size, symmetric)
+    assert packed.dtype == torch.uint8 and packed.shape == (24, 128) and scale.shape == (24, 256 // group_size)
+    codes = wo_unpack_int4(packed)
+    assert torch.equal(wo_pack_int4(codes), packed) and int(codes.max()) <= 15
+    if symmetric:
+        assert torch.equal(zero, torch.full_like(zero, 8)) and int(codes.min()) >= 1, "symmetric codes span -7..7 around 8"
+    dequantized = ((codes.float().reshape(24, -1, group_size) - zero.float()[..., None]) * scale[..., None]).reshape(24, 256)
+    assert ((dequantized - weight).abs() <= scale.repeat_interleave(group_size, dim=1) / 2 + 1e-6).all()
+
+
+def test_int8_codes_are_per_channel_within_half_a_step():
+    torch.manual_seed(0)
+    weight = torch.randn(24, 64) * torch.linspace(0.01, 2.0, 24)[:, None]
+    quantized, scale = wo_quantize_int8(weight)
+    assert quantized.dtype == torch.int8 and quantized.abs().max() == 127 and scale.shape == (24,)
+    assert ((quantized.float() * scale[:, None] - weight).abs() <= scale[:, None] / 2 + 1e-7).all()
+
+
+@pytest.mark.parametrize("bits,group_size,symmetric", [(4, 32, True), (4, 64, False), (4, 256, True), (8, 32, True)])
+@pytest.mark.parametrize("rows", [1, 7, 130])
+def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group_size, symmetric, rows):
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 90)
+    layer = WeightOnlyLinear.from_linear(linear, bits, group_size, symmetric)
+    x = torch.randn(rows, 256)
+    assert layer.activations == "int8" and layer._use_kernel(x), "precondition: float32 on the CPU runs torch._int_mm"
+    with torch.no_grad():
+        output = layer(x)
+        codes, scale = layer.derived_weight()
+    assert codes.dtype == torch.int8 and scale.shape == (90,)
+    regridded, exact = codes.float() * scale[:, None], layer.dequantized_weight()
+    assert ((regridded - exact).abs() <= scale[:, None] / 2 + 1e-7).all(), "the int8 grid moves a weight by half its step at most"
+    if bits == 4:
+        assert (scale[:, None] <= layer.weight_scale.max(dim=1, keepdim=True).values * 8 / 127 + 1e-7).all(), "under a 1/16 int4 step"
+    largest = x.abs().amax(dim=1, keepdim=True)
+    rounded = torch.round(x * (127 / largest)) * (largest / 127)  # each token on its own int8 grid
+    torch.testing.assert_close(output, F.linear(rounded, regridded, linear.bias), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float_activations_compute_the_codes_exact_values(bits):
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 90)
+    layer = WeightOnlyLinear.from_linear(linear, bits, 32, True, activations="float")
+    x = torch.randn(5, 256)
+    with torch.no_grad():
+        output, float32 = layer(x), linear(x)
+    torch.testing.assert_close(output, F.linear(x, layer.dequantized_weight(), linear.bias), atol=1e-5, rtol=1e-5)
+    assert 0 < (output - float32).abs().max() <= layer.weight_scale.max() / 2 * x.abs().sum(dim=1).max()
+
+
+def test_a_changed_weight_repacks_and_copies_drop_the_packed_tiles():
+    torch.manual_seed(0)
+    layer = WeightOnlyLinear.from_linear(nn.Linear(64, 32, bias=False), 4, 32, True, activations="float")
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        before = layer(x)
+        assert layer._packed is not None
+        layer.weight.copy_(wo_pack_int4(torch.full((32, 64), 9, dtype=torch.uint8)))  # every code one step above zero
+        after = layer(x)
+    assert not torch.equal(before, after)
+    torch.testing.assert_close(after, F.linear(x, layer.dequantized_weight()), atol=1e-5, rtol=1e-5)
+    assert copy.deepcopy(layer)._packed is None and pickle.loads(pickle.dumps(layer))._packed is None
+
+
+def test_outside_the_kernel_the_float_formula_runs():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32)
+    layer = WeightOnlyLinear.from_linear(linear, 4, 32, False)
+    x = torch.randn(2, 64, dtype=torch.float64)
+    assert not layer._use_kernel(x)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.dequantized_weight().double(), linear.bias.double()))
