@@ -69,6 +69,7 @@ def write_checkpoint(name: str, out: Path, dtype: str = "bfloat16", seed: int = 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     out.mkdir(parents=True, exist_ok=True)
+    config.architectures = [type(model).__name__]  # as a model's save_pretrained records it (tools read it)
     config.save_pretrained(out)
     transformers.GenerationConfig.from_model_config(config).save_pretrained(out)
     tied = {id(parameter) for parameter in [model.get_input_embeddings().weight]} if config.tie_word_embeddings else set()
