@@ -62,6 +62,7 @@ _WO_BITS = (4, 8)
 _WO_GROUP_SIZES = (32, 64, 128, 256)  # what the int4 CPU kernel takes
 _WO_ACTIVATIONS = ("int8", "float")
 _WO_TINY = 1e-30
+_WO_ROWS_PER_BLOCK = 1024  # rows dequantized at once when re-gridding int4 codes to int8
 
 
 def wo_quantize_int8(weight: torch.Tensor):
@@ -151,18 +152,19 @@ class WeightOnlyLinear(torch.nn.Module):
             module.bias = torch.nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
         return module
 
-    def zero_points(self) -> torch.Tensor:
-        """``z`` per group, ``(out, in/g)`` uint8 (8 everywhere when symmetric); int4 only."""
+    def zero_points(self, rows: slice = slice(None)) -> torch.Tensor:
+        """``z`` per group, ``(out, in/g)`` uint8 (8 everywhere when symmetric), of ``rows``; int4 only."""
         zero = getattr(self, "weight_zero", None)
-        return zero if zero is not None else torch.full_like(self.weight_scale, 8, dtype=torch.uint8)
+        return zero[rows] if zero is not None else torch.full_like(self.weight_scale[rows], 8, dtype=torch.uint8)
 
-    def dequantized_weight(self) -> torch.Tensor:
-        """``(q - z) · s``: the float32 weight the codes stand for."""
+    def dequantized_weight(self, rows: slice = slice(None)) -> torch.Tensor:
+        """``(q - z) · s``: the float32 weight the codes stand for (its ``rows`` only, when given)."""
         if self.bits == 8:
-            return self.weight.float() * self.weight_scale[:, None]
-        codes = wo_unpack_int4(self.weight).float().reshape(self.out_features, -1, self.group_size)
-        zero = self.zero_points().float()[..., None]
-        return ((codes - zero) * self.weight_scale[..., None]).reshape(self.out_features, self.in_features)
+            return self.weight[rows].float() * self.weight_scale[rows, None]
+        packed = self.weight[rows]
+        codes = wo_unpack_int4(packed).float().reshape(packed.shape[0], -1, self.group_size)
+        zero = self.zero_points(rows).float()[..., None]
+        return ((codes - zero) * self.weight_scale[rows, :, None]).reshape(packed.shape[0], self.in_features)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._use_kernel(input):
@@ -196,12 +198,22 @@ class WeightOnlyLinear(torch.nn.Module):
             elif self.bits == 8:
                 derived = (self.weight, self.weight_scale)
             else:  # int4 codes re-gridded per output channel, see the module doc
-                weight = self.dequantized_weight()
-                largest = weight.abs().amax(dim=1)
-                scale = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
-                derived = (torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale.contiguous())
+                derived = self._int8_regrid()
         self._packed = (weakref.ref(self.weight), (self.weight.data_ptr(), _wo_version(self.weight)), derived)
         return derived
+
+    def _int8_regrid(self):
+        """An int4 layer's codes as int8 per output channel, ``(codes, scales)``, made a block of rows at a time: the
+        float32 weight of a 128,256 x 2,048 lm_head would be a transient gigabyte, a block of it is a few megabytes."""
+        codes = torch.empty((self.out_features, self.in_features), dtype=torch.int8)
+        scale = torch.empty(self.out_features, dtype=torch.float32)
+        for start in range(0, self.out_features, _WO_ROWS_PER_BLOCK):
+            rows = slice(start, start + _WO_ROWS_PER_BLOCK)
+            weight = self.dequantized_weight(rows)
+            largest = weight.abs().amax(dim=1)
+            scale[rows] = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
+            codes[rows] = torch.round(weight / scale[rows, None]).clamp_(-127, 127)
+        return codes, scale
 
     def _use_kernel(self, input: torch.Tensor) -> bool:
         if not isinstance(input, torch.Tensor) or input.device.type != "cpu" or input.dtype != torch.float32:

@@ -154,3 +154,17 @@ def test_outside_the_kernel_the_float_formula_runs():
     x = torch.randn(2, 64, dtype=torch.float64)
     assert not layer._use_kernel(x)
     torch.testing.assert_close(layer(x), F.linear(x, layer.dequantized_weight().double(), linear.bias.double()))
+
+
+def test_the_int8_regrid_of_a_wide_layer_goes_a_block_of_rows_at_a_time():
+    from aot.runtime import weight_only_linear
+
+    torch.manual_seed(0)
+    rows = 2 * weight_only_linear._WO_ROWS_PER_BLOCK + 300  # three blocks, the last one short
+    layer = WeightOnlyLinear.from_linear(nn.Linear(64, rows, bias=False), 4, 32, False)
+    codes, scale = layer.derived_weight()
+    whole = layer.dequantized_weight()
+    expected_scale = whole.abs().amax(dim=1) / 127
+    torch.testing.assert_close(scale, expected_scale)
+    assert torch.equal(codes, torch.round(whole / expected_scale[:, None]).clamp(-127, 127).to(torch.int8))
+    assert torch.equal(layer.dequantized_weight(slice(1000, 1100)), whole[1000:1100])
