@@ -67,10 +67,14 @@ def task_of(loaded: LoadedRecipe, model: Any) -> str:
         return "decoder"
     inner = transformers_model(model)
     name = type(inner).__name__ if inner is not None else ""
-    names = {tensor.name for tensor in loaded.recipe.inputs.tensors}
     if name.endswith(("ForSequenceClassification", "ForImageClassification")):
-        return "classifier" if "pixel_values" not in names else "vision"
-    return "vision" if "pixel_values" in names else "encoder"
+        return "vision" if takes_pixels(loaded) else "classifier"
+    return "vision" if takes_pixels(loaded) else "encoder"
+
+
+def takes_pixels(loaded: LoadedRecipe) -> bool:
+    """Whether the build's inputs are images (a ``pixel_values`` input)."""
+    return any(tensor.name == "pixel_values" for tensor in loaded.recipe.inputs.tensors)
 
 
 def write_deployment_files(loaded: LoadedRecipe, model: Any, directory: Path) -> Deployment:
@@ -121,12 +125,12 @@ def _write_processor(loaded: LoadedRecipe, directory: Path, deployment: Deployme
         path = directory / PROCESSOR_FILE
         path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
         deployment.processor.append(path.name)
-    elif loaded.recipe.model.pretrained is not None and (pretrained_directory(loaded) / PROCESSOR_FILE).is_file():
-        (directory / PROCESSOR_FILE).write_bytes((pretrained_directory(loaded) / PROCESSOR_FILE).read_bytes())
+    elif loaded.recipe.model.pretrained is not None and (source := pretrained_directory(loaded) / PROCESSOR_FILE).is_file():
+        (directory / PROCESSOR_FILE).write_bytes(source.read_bytes())
         deployment.processor.append(PROCESSOR_FILE)
     elif deployment.task == "vision":
         deployment.missing["processor"] = "the model is built from a config and the recipe names no model.image_processor"
-    if deployment.processor and "pixel_values" in {tensor.name for tensor in loaded.recipe.inputs.tensors}:
+    if deployment.processor and takes_pixels(loaded):
         check_shipped_processor(loaded, directory)
 
 

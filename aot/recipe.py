@@ -21,7 +21,7 @@ import pydantic
 
 from aot.errors import RecipeError, did_you_mean
 from aot.recipe_ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes
-from aot.recipe_schema import PassSpec, Recipe
+from aot.recipe_schema import FidelitySpec, PassSpec, Recipe
 from aot.recipe_yaml import Location, dotted, parse_recipe_yaml, read_recipe_text
 
 
@@ -90,10 +90,15 @@ def is_decoder_with_cache(loaded: LoadedRecipe) -> bool:
     return loaded.recipe.generation is not None and loaded.recipe.generation.cache
 
 
+def fidelity_gate(loaded: LoadedRecipe) -> FidelitySpec | None:
+    """The recipe's ``generation.fidelity`` (a decoder's gate), or None."""
+    generation = loaded.recipe.generation
+    return generation.fidelity if generation is not None else None
+
+
 def _check_generation(loaded: LoadedRecipe) -> None:
     """A KV-cache step takes inputs made from the model, and is traced by torch.export."""
-    generation = loaded.recipe.generation
-    if generation is not None and generation.fidelity is not None and not generation.cache:
+    if fidelity_gate(loaded) is not None and not loaded.recipe.generation.cache:
         raise loaded.error(("generation", "fidelity"), "a fidelity gate scores a decoder step: it needs generation.cache: true")
     if not is_decoder_with_cache(loaded):
         return
@@ -152,7 +157,7 @@ def _check_accuracy_gate(loaded: LoadedRecipe) -> None:
 
 def _check_fidelity_gate(loaded: LoadedRecipe, changing: list[tuple[Location, PassSpec]]) -> None:
     """A decoder whose passes change the computation is judged by its next-token distributions on real prompts."""
-    fidelity = loaded.recipe.generation.fidelity
+    fidelity = fidelity_gate(loaded)
     if loaded.recipe.validate_.accuracy is not None:
         raise loaded.error(("validate", "accuracy"), "a decoder step is gated by generation.fidelity, not validate.accuracy")
     if changing and fidelity is None:
@@ -170,8 +175,9 @@ def _check_fidelity_gate(loaded: LoadedRecipe, changing: list[tuple[Location, Pa
 
 def fidelity_prompts_path(loaded: LoadedRecipe) -> Path:
     """The fidelity gate's prompts file, relative to the recipe file."""
-    assert loaded.recipe.generation is not None and loaded.recipe.generation.fidelity is not None
-    return (loaded.path.parent / loaded.recipe.generation.fidelity.prompts).resolve()
+    fidelity = fidelity_gate(loaded)
+    assert fidelity is not None
+    return (loaded.path.parent / fidelity.prompts).resolve()
 
 
 def accuracy_data_path(loaded: LoadedRecipe) -> Path:

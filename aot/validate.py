@@ -39,7 +39,7 @@ from aot.manifest import MANIFEST_NAME
 from aot.memory import release_freed_memory
 from aot.models import forward_parameters, load_model
 from aot.outputs import flatten_outputs
-from aot.recipe import LoadedRecipe, is_decoder_with_cache, load_recipe, passes_changing_computation
+from aot.recipe import LoadedRecipe, fidelity_gate, is_decoder_with_cache, load_recipe, passes_changing_computation
 from aot.recipe_schema import Tolerance, ValidateSpec
 from aot.stages import Progress, Stages
 
@@ -233,8 +233,7 @@ def bisect_gate(loaded: LoadedRecipe, first_inputs: dict[str, Any], gate: Gate) 
 def judged_by_a_gate(loaded: LoadedRecipe, gate: Gate | None) -> bool:
     """Whether the passes change the computation and a gate judges the artifacts instead of atol/rtol: the accuracy
     gate (``gate``), or a decoder's fidelity gate (``generation.fidelity``), which judges the generations."""
-    fidelity = loaded.recipe.generation is not None and loaded.recipe.generation.fidelity is not None
-    return (gate is not None or fidelity) and changes_computation(loaded)
+    return (gate is not None or fidelity_gate(loaded) is not None) and changes_computation(loaded)
 
 
 def changes_computation(loaded: LoadedRecipe) -> bool:
@@ -421,12 +420,12 @@ def validate_directory(
 def check_deployment_preprocessing(loaded: LoadedRecipe, directory: Path, manifest: dict) -> None:
     """The tokenizer the directory ships encodes the build's texts as the recipe's own tokenizer does, and its image
     processor gives pixels of the shape the build takes (exit 5 if not)."""
-    from aot.bundle import DEPLOYMENT_KEY, check_shipped_processor, check_shipped_tokenizer
+    from aot.bundle import DEPLOYMENT_KEY, check_shipped_processor, check_shipped_tokenizer, takes_pixels
     from aot.models import load_tokenizer
     from aot.recipe import tokenizer_source
 
     deployment = manifest.get(DEPLOYMENT_KEY) or {}
-    if deployment.get("processor") and "pixel_values" in {tensor.name for tensor in loaded.recipe.inputs.tensors}:
+    if deployment.get("processor") and takes_pixels(loaded):
         check_shipped_processor(loaded, directory)
     source = tokenizer_source(loaded)
     if not deployment.get("tokenizer") or source is None:
@@ -448,7 +447,7 @@ def generation_reference(loaded: LoadedRecipe, model: torch.nn.Module):
 
 def fidelity_reference(loaded: LoadedRecipe) -> Callable[[torch.nn.Module], Any] | None:
     """What takes the fidelity gate's eager reference from a causal LM (``generation.fidelity``); None without a gate."""
-    fidelity = loaded.recipe.generation.fidelity if loaded.recipe.generation is not None else None
+    fidelity = fidelity_gate(loaded)
     if fidelity is None:
         return None
     from aot.decoding.fidelity import METRICS, FidelityReference, tokenized_prompts

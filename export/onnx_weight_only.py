@@ -27,11 +27,12 @@ holds each artifact to the float model on its own.
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 import torch.fx
 
-from aot.runtime.weight_only_linear import WeightOnlyLinear, wo_unpack_int4
+from aot.runtime.weight_only_linear import WeightOnlyLinear, wo_pack_int4, wo_unpack_int4
 
 from .onnx_int8 import copied_graph
 
@@ -100,9 +101,8 @@ def onnx_tensors(layer: WeightOnlyLinear) -> tuple[int, dict[str, torch.Tensor]]
         tensors = {"weight": layer.weight.reshape(out_features, in_features // block, block // 2),
                    "weight_scale": layer.weight_scale.reshape(-1)}
         zero = getattr(layer, "weight_zero", None)
-        if zero is not None:
-            padded = torch.nn.functional.pad(zero, (0, zero.shape[1] % 2), value=0)
-            tensors["weight_zero"] = (padded[:, 0::2] | (padded[:, 1::2] << 4)).reshape(-1).contiguous()
+        if zero is not None:  # two a byte, each row padded to whole bytes
+            tensors["weight_zero"] = wo_pack_int4(torch.nn.functional.pad(zero, (0, zero.shape[1] % 2), value=0)).reshape(-1)
     else:
         block = next((size for size in _INT8_BLOCKS if in_features % size == 0), None)
         if block is None:
@@ -123,18 +123,18 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphM
     the layers' paths (so the ONNX initializers keep the GraphModule's names); ``gm`` and its
     modules are left as they are. A graph without such layers comes back unchanged.
     """
-    calls = [node for node in gm.graph.nodes
-             if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), WeightOnlyLinear)]
-    if not calls:
+    if not any(node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), WeightOnlyLinear)
+               for node in gm.graph.nodes):
         return gm, {}
     graph = copied_graph(gm.graph)
-    holders: dict[str, dict[str, torch.Tensor]] = {}
+    lowered_layers: dict[str, tuple[int, dict[str, torch.Tensor]]] = {}
     for node in [node for node in graph.nodes if node.op == "call_module"]:
         layer = gm.get_submodule(str(node.target))
         if not isinstance(layer, WeightOnlyLinear):
             continue
-        block, tensors = onnx_tensors(layer)
-        holders[str(node.target)] = tensors  # a layer called at several sites: the same tensors
+        if str(node.target) not in lowered_layers:  # a layer called at several sites: its tensors made once
+            lowered_layers[str(node.target)] = onnx_tensors(layer)
+        block, tensors = lowered_layers[str(node.target)]
         with graph.inserting_before(node):
             got = {name: graph.get_attr(f"{node.target}.{name}") for name in tensors}
             call = graph.call_function(torch.ops.aot.weight_only_linear.default, (
@@ -145,8 +145,8 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphM
         call.meta.update(node.meta)
         node.replace_all_uses_with(call)
         graph.erase_node(node)
-    root = {**{target: _resolve(gm, target) for target in _targets(graph) if not _under(target, holders)},
-            **{f"{target}.{name}": tensor for target, tensors in holders.items() for name, tensor in tensors.items()}}
+    root = {**{target: operator.attrgetter(target)(gm) for target in _targets(graph) if not _under(target, lowered_layers)},
+            **{f"{target}.{name}": tensor for target, (_, tensors) in lowered_layers.items() for name, tensor in tensors.items()}}
     lowered = torch.fx.GraphModule(root, graph, class_name=type(gm).__name__)
     lowered.meta.update(gm.meta)
     return lowered, {torch.ops.aot.weight_only_linear.default: _onnx_weight_only_linear}
@@ -160,14 +160,6 @@ def _under(target: str, holders: dict) -> bool:
     return any(target == path or target.startswith(path + ".") for path in holders)
 
 
-def _resolve(gm: torch.nn.Module, target: str):
-    value = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _unpacked_zero_points(packed: torch.Tensor, rows: int, blocks: int) -> torch.Tensor:
     """``MatMulNBits``'s 4-bit zero points (two a byte, rows padded to whole bytes) as floats ``(rows, blocks)``."""
-    per_row = packed.reshape(rows, -1)
-    return torch.stack([per_row & 0x0F, per_row >> 4], dim=-1).reshape(rows, -1)[:, :blocks].float()
+    return wo_unpack_int4(packed.reshape(rows, -1))[:, :blocks].float()

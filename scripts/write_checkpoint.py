@@ -28,26 +28,24 @@ REPO = Path(__file__).resolve().parents[1]
 SHARD_BYTES = 2 * 2**30
 
 # Published configurations (their config.json files' architecture keys); the vocabularies are the models' own.
+# Llama 3.2's 1B and 3B share all but their sizes: grouped-query attention over 8 KV heads, the 128,256-token
+# vocabulary, tied embeddings and the llama3 rotary scaling.
+LLAMA_3_2 = dict(
+    model_type="llama", num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
+    rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
+    rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                  "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+)
 SHAPES = {
     "qwen2_5_0_5b": dict(
         model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643,
     ),
-    "llama_3_2_1b": dict(
-        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
-        rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    ),
-    "llama_3_2_3b": dict(
-        model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
-        rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    ),
+    "llama_3_2_1b": dict(**LLAMA_3_2, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         head_dim=64),
+    "llama_3_2_3b": dict(**LLAMA_3_2, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                         head_dim=128),
     "llama_3_1_8b": dict(
         model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
@@ -72,10 +70,9 @@ def write_checkpoint(name: str, out: Path, dtype: str = "bfloat16", seed: int = 
     config.architectures = [type(model).__name__]  # as a model's save_pretrained records it (tools read it)
     config.save_pretrained(out)
     transformers.GenerationConfig.from_model_config(config).save_pretrained(out)
-    tied = {id(parameter) for parameter in [model.get_input_embeddings().weight]} if config.tie_word_embeddings else set()
-    names = [key for key, tensor in model.state_dict(keep_vars=True).items()
-             if not (config.tie_word_embeddings and key == "lm_head.weight" and id(tensor) in tied)]
-    shapes = dict(model.state_dict(keep_vars=True))
+    shapes = model.state_dict(keep_vars=True)
+    # A tied lm_head is the embedding table: save_pretrained writes it once, under the embedding's name.
+    names = [key for key in shapes if not (config.tie_word_embeddings and key == "lm_head.weight")]
     element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     shards, current, size = [], [], 0
     for key in names:

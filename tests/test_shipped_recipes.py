@@ -23,7 +23,7 @@ from aot.export import run_onnx
 from aot.inputs import dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.models import load_model
 from aot.outputs import flatten_outputs
-from aot.recipe import load_recipe
+from aot.recipe import fidelity_gate, load_recipe
 from aot.tracing.export_trace import INFERRED
 from aot.validate import compare_outputs, eager_runner
 from tests.conftest import rehash_manifest
@@ -150,8 +150,7 @@ def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
 def _fidelity_gated(loaded, comparison) -> bool:
     """A decoder whose passes change its logits is held to its fidelity gate (test_gated_decoder_artifacts_meet_their_
     fidelity_gate), not to atol: here its outputs need eager's names and shapes, and finite values."""
-    gated = loaded.recipe.generation is not None and loaded.recipe.generation.fidelity is not None
-    return gated and comparison.problem is None and all(output.max_abs == output.max_abs for output in comparison.outputs)
+    return fidelity_gate(loaded) is not None and comparison.problem is None and all(output.max_abs == output.max_abs for output in comparison.outputs)
 
 
 def _without_timings(manifest: dict) -> dict:
@@ -202,7 +201,7 @@ def test_bert_onnx_shows_the_optimisations(builds):
 
 DECODERS = [name for name in BUILDABLE if load_recipe(RECIPES_DIR / name).recipe.generation is not None]
 # Decoders whose passes preserve the computation make eager's exact tokens; the others are gated on fidelity.
-GATED_DECODERS = [name for name in DECODERS if load_recipe(RECIPES_DIR / name).recipe.generation.fidelity is not None]
+GATED_DECODERS = [name for name in DECODERS if fidelity_gate(load_recipe(RECIPES_DIR / name)) is not None]
 EXACT_DECODERS = [name for name in DECODERS if name not in GATED_DECODERS]
 
 

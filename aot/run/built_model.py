@@ -18,6 +18,7 @@ which inputs were (``truncated``).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,8 +62,6 @@ class BuiltModel:
         self._dims = recipe["inputs"]["dims"]
         accuracy = (recipe.get("validate") or {}).get("accuracy") or {}
         self.pooling = accuracy.get("pooling") or "mean"
-        self._tokenizer = None
-        self._processor = None
         self._config = None
 
     # -- what the build shipped ------------------------------------------------------------------------------
@@ -71,29 +70,27 @@ class BuiltModel:
     def runtime(self) -> str:
         return self.artifact.runtime
 
-    @property
+    @functools.cached_property
     def tokenizer(self) -> Any:
         """The shipped tokenizer (``AutoTokenizer`` on the build directory); a clear error where none ships."""
-        if self._tokenizer is None:
-            if not self.deployment.get("tokenizer"):
-                why = (self.deployment.get("missing") or {}).get("tokenizer", "its manifest names none")
-                raise RecipeError(f"{self.directory}: this build ships no tokenizer ({why}): pass token ids instead (aot run --ids)")
-            from transformers import AutoTokenizer
+        self._require_shipped("tokenizer", "tokenizer", "token ids instead (aot run --ids)")
+        from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
-        return self._tokenizer
+        return AutoTokenizer.from_pretrained(str(self.directory), local_files_only=True)
 
-    @property
+    @functools.cached_property
     def processor(self) -> Any:
         """The shipped image processor (``preprocessor_config.json``); a clear error where none ships."""
-        if self._processor is None:
-            if not self.deployment.get("processor"):
-                why = (self.deployment.get("missing") or {}).get("processor", "its manifest names none")
-                raise RecipeError(f"{self.directory}: this build ships no image processor ({why}): pass pixel_values instead")
-            from aot.bundle import load_image_processor
+        self._require_shipped("processor", "image processor", "pixel_values instead")
+        from aot.bundle import load_image_processor
 
-            self._processor = load_image_processor(self.directory)
-        return self._processor
+        return load_image_processor(self.directory)
+
+    def _require_shipped(self, key: str, what: str, instead: str) -> None:
+        """A one-line error, with the manifest's reason, where the build ships no ``key`` (``deployment`` in the manifest)."""
+        if not self.deployment.get(key):
+            why = (self.deployment.get("missing") or {}).get(key, "its manifest names none")
+            raise RecipeError(f"{self.directory}: this build ships no {what} ({why}): pass {instead}")
 
     @property
     def config(self) -> Any:

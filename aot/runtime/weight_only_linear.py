@@ -59,12 +59,14 @@ import torch
 import torch.nn.functional as F
 
 _WO_BITS = (4, 8)
-_WO_GROUP_SIZES = (32, 64, 128, 256)  # what the int4 CPU kernel takes
+_WO_GROUP_SIZES = (32, 64, 128, 256)  # powers of two: the blocks ONNX Runtime's MatMulNBits takes
 _WO_ACTIVATIONS = ("int8", "float")
 _WO_TINY = 1e-30
 _WO_ROWS_PER_BLOCK = 1024  # rows dequantized at once when re-gridding int4 codes to int8
 
 
+# wo_quantize_int8 and forward's int8 path are int8_linear.py's per-channel weights and per-token kernel again, on
+# purpose: each aot.runtime module is pasted alone into a module.py, so none may import another.
 def wo_quantize_int8(weight: torch.Tensor):
     """``(q, s)``: symmetric int8 codes ``(out, in)`` and float32 scales ``(out,)``, per output channel."""
     values = weight.detach().float()

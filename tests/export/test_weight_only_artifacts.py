@@ -76,3 +76,39 @@ def test_a_plain_onnx_runtime_loop_makes_the_graph_modules_tokens(int4_build):
     assert len({int(t) for t in expected[0]}) > 4, "a loop stuck on one token would prove little"
     generation = json.loads((int4_build / "manifest.json").read_text())["generation"]
     assert collections.Counter(g["artifact"] for g in generation if "metrics" in g) == {"onnx": 1, "graph_module": 1}
+
+
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (8, True)])
+def test_asymmetric_int4_and_int8_layers_run_in_onnx_runtime_as_in_torch(tmp_path, bits, symmetric):
+    """Zero points two a byte, a row of three groups padded to whole bytes; int8 codes shifted by 128: ONNX Runtime's
+    MatMulNBits (accuracy_level 0) computes the float formula of the same codes, at three shapes."""
+    import onnxruntime
+
+    from aot.passes import QuantizeLinearWeights
+    from aot.runtime import WeightOnlyLinear
+    from tests.passes.helpers import fx_graph
+
+    from .as_built import write_as_built
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 80), torch.nn.SiLU(), torch.nn.Linear(80, 48, bias=False)).eval()
+    with torch.no_grad():
+        model[0].weight.add_(0.05)  # off-centre weights: the fitted zero points differ from 8
+    graph_module = fx_graph(model, torch.randn(2, 96))
+    QuantizeLinearWeights(bits=bits, group_size=32, symmetric=symmetric, activations="float")(graph_module)
+    layers = [module for module in graph_module.modules() if isinstance(module, WeightOnlyLinear)]
+    assert len(layers) == (1 if bits == 4 else 2), "precondition: 80 inputs are no whole number of groups of 32 for int4"
+    if bits == 4:
+        assert layers[0].weight_zero.shape == (80, 3) and len(set(layers[0].weight_zero.flatten().tolist())) > 1
+    path = tmp_path / "model.onnx"
+    write_as_built(graph_module, {"input": torch.randn(2, 96)}, {"input": {0: "batch"}}, path)
+    model_proto = onnx.load(str(path))
+    onnx.checker.check_model(model_proto)
+    assert sum(node.op_type == "MatMulNBits" for node in model_proto.graph.node) == len(layers)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for rows in (1, 3, 17):
+        x = torch.randn(rows, 96)
+        with torch.no_grad():
+            want = graph_module(x)
+        got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
