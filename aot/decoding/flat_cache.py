@@ -35,6 +35,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from aot.compat.torch_private import is_fx_symbolic_tracing
 from aot.compat.transformers_cache import CACHE_ARGUMENT_NAMES, cache_argument, returned_cache
+from aot.weights_dtype import compute_dtype
 
 from .cache_layers import FlatFullAttentionLayer, FlatSlidingWindowLayer
 from .greedy import PastLayout
@@ -61,7 +62,7 @@ class FlatCacheDecoder(torch.nn.Module):
         self.takes_position_ids = "position_ids" in inspect.signature(model.forward).parameters
         self.past_layout = PastLayout(
             heads_and_dims=tuple(_heads_and_dim(self.text_config) for _ in self.windows),
-            dtype=model.dtype,
+            dtype=compute_dtype(model),
             takes_position_ids=self.takes_position_ids,
         )
 
@@ -92,7 +93,7 @@ class FlatCacheDecoder(torch.nn.Module):
         cache = self._loaded_cache(past, seen_tokens)
         mask = attention_mask
         if torch.compiler.is_exporting():
-            mask = premade_masks(self.text_config, input_ids, attention_mask, cache, position_ids, self.model.dtype)
+            mask = premade_masks(self.text_config, input_ids, attention_mask, cache, position_ids, self.past_layout.dtype)
         inputs = {"input_ids": input_ids, "attention_mask": mask, self.cache_argument: cache, "use_cache": True}
         if self.last_logits_only:
             inputs["logits_to_keep"] = 1

@@ -7,6 +7,7 @@ that an artifact writer can copy its source into a saved, torch-only
 
 from .int8_linear import Int8DynamicLinear
 from .onednn_linear import OneDNNLinear
+from .upcast_weights import UpcastEmbedding, UpcastLinear
 from .weight_only_linear import WeightOnlyLinear
 
-__all__ = ["Int8DynamicLinear", "OneDNNLinear", "WeightOnlyLinear"]
+__all__ = ["Int8DynamicLinear", "OneDNNLinear", "UpcastEmbedding", "UpcastLinear", "WeightOnlyLinear"]

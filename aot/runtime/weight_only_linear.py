@@ -62,21 +62,37 @@ _WO_BITS = (4, 8)
 _WO_GROUP_SIZES = (32, 64, 128, 256)  # powers of two: the blocks ONNX Runtime's MatMulNBits takes
 _WO_ACTIVATIONS = ("int8", "float")
 _WO_TINY = 1e-30
-_WO_ROWS_PER_BLOCK = 1024  # rows dequantized at once when re-gridding int4 codes to int8
+_WO_ROWS_PER_BLOCK = 1024  # rows quantised, or dequantized to re-grid int4 codes to int8, at once
 
 
 # wo_quantize_int8 and forward's int8 path are int8_linear.py's per-channel weights and per-token kernel again, on
 # purpose: each aot.runtime module is pasted alone into a module.py, so none may import another.
 def wo_quantize_int8(weight: torch.Tensor):
     """``(q, s)``: symmetric int8 codes ``(out, in)`` and float32 scales ``(out,)``, per output channel."""
+    return _wo_by_rows(weight, _wo_quantize_int8_rows)
+
+
+def wo_quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool):
+    """``(packed, s, z)``: 4-bit codes two a byte ``(out, in/2)``, float32 scales and uint8 zero points ``(out, in/g)``."""
+    return _wo_by_rows(weight, lambda rows: _wo_quantize_int4_rows(rows, group_size, symmetric))
+
+
+def _wo_by_rows(weight: torch.Tensor, quantize):
+    """``quantize`` over ``_WO_ROWS_PER_BLOCK`` output rows at a time, its results joined: each row's codes and
+    scales depend on that row alone, so this is the whole weight's result, with float32 temporaries of a block
+    only (a 128,256-row output projection would need several GB of them at once)."""
+    blocks = [quantize(weight[start:start + _WO_ROWS_PER_BLOCK]) for start in range(0, weight.shape[0], _WO_ROWS_PER_BLOCK)]
+    return tuple(torch.cat(parts) for parts in zip(*blocks))
+
+
+def _wo_quantize_int8_rows(weight: torch.Tensor):
     values = weight.detach().float()
     largest = values.abs().amax(dim=1)
     scale = torch.where(largest > 0, largest / 127, torch.ones_like(largest)).contiguous()
     return torch.clamp(torch.round(values / scale[:, None]), -127, 127).to(torch.int8), scale
 
 
-def wo_quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool):
-    """``(packed, s, z)``: 4-bit codes two a byte ``(out, in/2)``, float32 scales and uint8 zero points ``(out, in/g)``."""
+def _wo_quantize_int4_rows(weight: torch.Tensor, group_size: int, symmetric: bool):
     out_features, in_features = weight.shape
     groups = weight.detach().float().reshape(out_features, in_features // group_size, group_size)
     if symmetric:

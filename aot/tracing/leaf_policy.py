@@ -3,8 +3,9 @@
 A leaf is never traced through: the graph calls it as one node, and graph
 passes match on it (``nn.Linear``, ``nn.Conv2d``, ``nn.BatchNorm2d``...).
 
-Defaults, as in torch.fx: every ``torch.nn`` module except containers. On top
-of that, HF-aware defaults:
+Defaults, as in torch.fx: every ``torch.nn`` module except containers, and aot's own
+``aot.runtime`` modules (``UpcastLinear``, a linear layer keeping narrow weights, must reach the
+passes as the layer it is). On top of that, HF-aware defaults:
 
 - ``transformers.pytorch_utils.Conv1D`` (GPT-2's transposed linear);
 - every class whose name ends in ``RMSNorm`` (``LlamaRMSNorm``, ``MistralRMSNorm``...),
@@ -92,7 +93,7 @@ class LeafPolicy:
             return True
         if not self.use_defaults or isinstance(module, _CONTAINERS):
             return False
-        if cls.__module__.startswith(("torch.nn", "torch.ao.nn")):
+        if cls.__module__.startswith(("torch.nn", "torch.ao.nn", "aot.runtime.")):
             return True
         return cls.__name__.endswith(DEFAULT_LEAF_CLASS_SUFFIXES) or cls.__name__ in DEFAULT_LEAF_CLASS_NAMES
 
