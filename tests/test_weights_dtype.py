@@ -136,7 +136,9 @@ def test_narrow_weights_build_the_same_artifacts_with_a_half_size_embedding(tmp_
             assert torch.equal(wide[name], narrow[name]), name
     metrics = {dtype: [check["metrics"] for check in json.loads((output / "manifest.json").read_text())["generation"]
                        if "metrics" in check] for dtype, output in outputs.items()}
-    assert metrics[None] and metrics[None] == metrics["bfloat16"], "the same reference, the same artifacts' scores"
+    assert metrics[None] and len(metrics[None]) == len(metrics["bfloat16"])
+    for wide_scores, narrow_scores in zip(metrics[None], metrics["bfloat16"]):  # run on other threads: the last bits may move
+        assert narrow_scores == pytest.approx(wide_scores, rel=1e-5), "the same reference, the same artifacts' scores"
 
 
 def _on_the_export_frontend(recipe: dict) -> None:
