@@ -39,8 +39,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 WEIGHTS_SUFFIXES = (".safetensors", ".bin")
 
 
-def load_model(loaded: LoadedRecipe, while_weights_load: AbstractContextManager[Any] | None = None) -> torch.nn.Module:
+def load_model(
+    loaded: LoadedRecipe, while_weights_load: AbstractContextManager[Any] | None = None, narrow_weights: bool = True
+) -> torch.nn.Module:
     """The recipe's eager model, in eval mode, on its device and dtype.
+
+    ``narrow_weights=False`` ignores ``model.weights_dtype`` (every weight widened on load): the
+    eager model as users run it, which a benchmark's baseline must be.
 
     ``while_weights_load`` is entered while a transformers model draws or reads its weights, once
     its class is imported (:func:`aot.imports_beside.imports_beside` imports the export stack
@@ -54,8 +59,8 @@ def load_model(loaded: LoadedRecipe, while_weights_load: AbstractContextManager[
     else:
         blueprint = model_blueprint(loaded)  # checks config, input names and sizes before any weight exists
         with while_weights_load or nullcontext():
-            model = _from_config(loaded, blueprint) if spec.config is not None else _from_pretrained(loaded, blueprint)
-    if spec.weights_dtype is None:
+            model = _from_config(loaded, blueprint) if spec.config is not None else _from_pretrained(loaded, blueprint, narrow_weights)
+    if spec.weights_dtype is None or not narrow_weights:
         model = model.to(device=device, dtype=getattr(torch, spec.dtype)).eval()
     else:  # loaded in the checkpoint's dtype: widened where used, not here
         keep_weights_narrow(model, getattr(torch, spec.dtype))
@@ -149,7 +154,7 @@ def _from_config(loaded: LoadedRecipe, blueprint: Blueprint) -> torch.nn.Module:
         raise loaded.error(("model", "class"), f"cannot build {cls.__name__} from this config: {first_line(error)}") from None
 
 
-def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint) -> torch.nn.Module:
+def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint, narrow_weights: bool = True) -> torch.nn.Module:
     directory = pretrained_directory(loaded)
     weights = sorted(path for path in directory.iterdir() if path.suffix in WEIGHTS_SUFFIXES)
     for path in weights:
@@ -160,7 +165,7 @@ def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint) -> torch.nn.Mod
     # transformers draws a "Loading weights" bar on stderr, which is the error line's (aot's stages report progress).
     transformers_logging.disable_progress_bar()
     try:
-        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **_dtype_kwargs(loaded),
+        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **(_dtype_kwargs(loaded) if narrow_weights else {}),
                                                      **_attention_kwargs(loaded))
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         # Reading the user's files: a torch checkpoint truncated or not a checkpoint at all, shapes that do not match.

@@ -202,3 +202,15 @@ def test_narrow_layers_save_and_run_with_torch_alone(tmp_path):
         assert expected.dtype == torch.float32
         torch.testing.assert_close(raw, expected, rtol=0, atol=0)
         torch.testing.assert_close(load(tmp_path / "gm")(**inputs), expected, rtol=0, atol=0)
+
+
+def test_a_benchmark_baseline_loads_the_float32_model_users_run(tmp_path, bfloat16_checkpoint):
+    from aot.models import load_model
+
+    loaded = load_recipe(_recipe(tmp_path, bfloat16_checkpoint, "bfloat16"))
+    narrow, wide = load_model(loaded).causal_lm, load_model(loaded, narrow_weights=False).causal_lm
+    assert type(narrow.lm_head) is UpcastLinear and narrow.lm_head.weight.dtype == torch.bfloat16, "precondition"
+    assert type(wide.lm_head) is nn.Linear and {p.dtype for p in wide.parameters()} == {torch.float32}
+    ids = torch.randint(0, 30522, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(narrow(input_ids=ids).logits, wide(input_ids=ids).logits, rtol=0, atol=1e-5)

@@ -113,7 +113,7 @@ class RunnerHost:
             return self._load_generation(loaded, build, inputs_file)
         needs_model = spec.runner not in ("graph_module", "onnx")  # eager, and the peers built from it
         if needs_model:
-            model = load_model(loaded)
+            model = load_model(loaded, narrow_weights=False)  # the eager model as users run it
             if not inputs_file.exists():  # the eager host goes first and makes every shape's inputs
                 import torch
 
@@ -145,7 +145,7 @@ class RunnerHost:
         if spec.runner == "eager":
             import torch
 
-            step = load_model(loaded)
+            step = load_model(loaded, narrow_weights=False)  # the eager model as users run it
             if not inputs_file.exists():
                 seed = loaded.recipe.model.seed
                 torch.save([generation.prompt_inputs(step.config.vocab_size, shape, seed) for shape in spec.shapes], inputs_file)
@@ -160,7 +160,7 @@ class RunnerHost:
         elif spec.runner == "eager_bf16":
             from aot.bench.decoder_peers import eager_bf16_generate
 
-            generate = eager_bf16_generate(load_model(loaded).causal_lm)
+            generate = eager_bf16_generate(load_model(loaded, narrow_weights=False).causal_lm)
         elif spec.runner == "ort_genai":
             from aot.bench.decoder_peers import genai_generate
             from aot.errors import RecipeError
