@@ -150,6 +150,10 @@ def page_out(tensor: torch.Tensor) -> bool:
     will not be read again: its pages would otherwise stay resident until the mapping goes.
     ``MADV_PAGEOUT`` drops only clean file-backed pages (anonymous memory keeps its values: it
     could only be swapped), so a wrong call loses nothing. False where Linux or the call is missing.
+
+    ``aot.export.standalone_runtime.pack_then_page_out`` pages out the same way inside a saved
+    ``module.py``, which may not import aot; importing it from here would load aot.export's ONNX
+    stack (0.6 s) while the model loads, which the build imports beside the weights on purpose.
     """
     madvise = function("madvise")
     if madvise is None or not sys.platform.startswith("linux") or tensor.device.type != "cpu":

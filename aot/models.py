@@ -165,7 +165,7 @@ def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint, narrow_weights:
     # transformers draws a "Loading weights" bar on stderr, which is the error line's (aot's stages report progress).
     transformers_logging.disable_progress_bar()
     try:
-        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **(_dtype_kwargs(loaded) if narrow_weights else {}),
+        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **_dtype_kwargs(loaded, narrow_weights),
                                                      **_attention_kwargs(loaded))
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         # Reading the user's files: a torch checkpoint truncated or not a checkpoint at all, shapes that do not match.
@@ -173,10 +173,10 @@ def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint, narrow_weights:
         raise loaded.error(("model", "pretrained"), f"cannot load {directory} ({names}): {first_line(error)}") from None
 
 
-def _dtype_kwargs(loaded: LoadedRecipe) -> dict[str, Any]:
+def _dtype_kwargs(loaded: LoadedRecipe, narrow_weights: bool) -> dict[str, Any]:
     """The checkpoint's own dtype where the recipe keeps the weights narrow (transformers then maps the file)."""
     weights_dtype = loaded.recipe.model.weights_dtype
-    return {"dtype": getattr(torch, weights_dtype)} if weights_dtype is not None else {}
+    return {"dtype": getattr(torch, weights_dtype)} if weights_dtype is not None and narrow_weights else {}
 
 
 def _check_safetensors(loaded: LoadedRecipe, path: Path) -> None:

@@ -41,7 +41,7 @@ from torch.fx import GraphModule, Node
 
 from aot.runtime.upcast_weights import UpcastLinear
 
-from ._layers import is_plain_linear, linear_compute_dtype
+from ._layers import is_plain_linear
 from ._modules import delete_if_unreferenced, fresh_target, get_attribute, has_attribute, set_submodule, set_tensor, split_target
 from ._nodes import infer_val, inherit_provenance, is_get_attr
 from .base import ReversibleTransformation
@@ -200,8 +200,7 @@ class MergeLinears(RewriteRule, ReversibleTransformation):
                 start = stop
                 if info["frontend"] == "fx":
                     if not has_attribute(graph_module, layer["path"]):
-                        set_submodule(graph_module, layer["path"], _linear(weight, bias, merged.weight.requires_grad,
-                                                                           getattr(merged, "compute_dtype", None)))
+                        set_submodule(graph_module, layer["path"], _linear(weight, bias, merged.weight.requires_grad, _upcast_to(merged)))
                     keyword = any(saved["keyword"] for saved in layer["nodes"])
                     for node in users:
                         _to_module_call(node, layer["path"], input_node, keyword)
@@ -244,8 +243,7 @@ def _linear_site(graph_module: GraphModule, node: Node) -> Match[tuple[Node, _La
         operands = list(node.args) + list(node.kwargs.values())
         if len(operands) != 1 or not isinstance(operands[0], Node) or set(node.kwargs) - {"input"}:
             return Match.fail("unexpected call arguments", node=node)
-        upcast_to = linear_compute_dtype(module) if isinstance(module, UpcastLinear) else None
-        return Match.ok((operands[0], _Layer(str(node.target), module.weight, module.bias, str(node.target), upcast_to=upcast_to)))
+        return Match.ok((operands[0], _Layer(str(node.target), module.weight, module.bias, str(node.target), upcast_to=_upcast_to(module))))
     input_node, weight, bias = (list(node.args) + [None, None])[:3]
     bias = node.kwargs.get("bias", bias)
     if not is_get_attr(weight) or not (bias is None or is_get_attr(bias)) or not isinstance(input_node, Node):
@@ -285,6 +283,11 @@ def _scope_splits(groups: dict[tuple, dict[str, _Layer]]) -> Iterator[Match]:
 def _arg_name(node: Node, index: int) -> str | None:
     value = node.args[index] if len(node.args) > index else None
     return value.name if isinstance(value, Node) else None
+
+
+def _upcast_to(layer: nn.Linear) -> torch.dtype | None:
+    """The dtype an ``UpcastLinear`` widens its weight to; None for a plain ``nn.Linear``."""
+    return layer.compute_dtype if isinstance(layer, UpcastLinear) else None
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None, requires_grad: bool, upcast_to: torch.dtype | None = None) -> nn.Linear:

@@ -45,7 +45,8 @@ which ONNX Runtime fuses into its int8 kernel; per token ``Abs``/``ReduceMax``/`
 
 Left alone, with a note: layers named by ``skip`` (``fnmatch`` patterns on the module
 path, e.g. ``"*.pooler.*"`` or ``"classifier"``), subclasses of ``nn.Linear`` and layers
-with hooks, weights that are not float32 or not on the CPU, and calls with unusual
+with hooks, layers that do not compute in float32 (an ``UpcastLinear``'s narrow weight, widened
+where used, does) or are not on the CPU, and calls with unusual
 arguments. A layer called at several sites is converted once and serves them all.
 """
 

@@ -31,7 +31,8 @@ scales (:mod:`aot.export.onnx_weight_only`); with ``float`` both compute in floa
 
 Left alone, with a note: layers named by ``skip`` (``fnmatch`` patterns on the module path),
 an output projection named ``lm_head`` unless ``lm_head: true``, subclasses of ``nn.Linear``
-and layers with hooks, weights that are not float32 or not on the CPU, int4 layers whose input
+and layers with hooks, layers that do not compute in float32 (an ``UpcastLinear``'s narrow weight,
+widened where used, does) or are not on the CPU, int4 layers whose input
 width the group size does not divide, and calls with unusual arguments. Embedding tables stay
 float: a lookup reads a few rows, not the table, so quantising them saves bytes on disk but no
 time. A layer called at several sites is converted once and serves them all.
