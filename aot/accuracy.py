@@ -210,7 +210,8 @@ def _metrics(data: AccuracyData, expected: list, got: list, spec: AccuracySpec, 
 
 
 def pooled_vectors(output: Any, batch: Batch, pooling: str) -> torch.Tensor:
-    values = torch.as_tensor(output).to(torch.float64)
+    # On the CPU whatever device computed it: the metrics are CPU work, and a CUDA model's outputs meet the CPU masks here.
+    values = torch.as_tensor(output).detach().to("cpu", torch.float64)
     if values.dim() == 2 or pooling == "none":
         return values.reshape(values.shape[0], -1)
     if pooling == "cls":
@@ -224,8 +225,7 @@ def pooled_vectors(output: Any, batch: Batch, pooling: str) -> torch.Tensor:
 def _top1_agreement(expected: list, got: list, data: AccuracyData) -> float:
     agree = total = 0
     for want, have, batch in zip(expected, got, data.batches):
-        want, have = torch.as_tensor(want), torch.as_tensor(have)
-        same = want.argmax(dim=-1) == have.argmax(dim=-1)
+        same = torch.as_tensor(want).argmax(dim=-1).cpu() == torch.as_tensor(have).argmax(dim=-1).cpu()
         mask = batch.get("attention_mask")
         if same.dim() == 2 and mask is not None:
             keep = mask.cpu().bool()

@@ -60,6 +60,7 @@ class BuildReport:
     onnx_fusions: dict[str, int] = field(default_factory=dict)
     generation: list[GenerationCheck] = field(default_factory=list)
     deployment: Deployment | None = None
+    aoti: dict[str, Any] | None = None  # what export.write_aoti_package records of the AOTInductor package
 
     @property
     def ok(self) -> bool:
@@ -150,9 +151,9 @@ def _build(
         with stage("deployment_files"):
             report.deployment = write_deployment_files(loaded, model, staging)
         onnx_names = onnx_input_names(loaded, model)
-        onnx = OnnxStage.start(recipe.export.onnx, graph_module, model, cases, staging / "model.onnx",
-                               dynamic_axes(loaded, model), dim_ranges(loaded, model), on_child=memory.track,
-                               input_names=onnx_names)
+        axes, ranges = dynamic_axes(loaded, model), dim_ranges(loaded, model)
+        onnx = OnnxStage.start(recipe.export.onnx, graph_module, model, cases, staging / "model.onnx", axes, ranges,
+                               on_child=memory.track, input_names=onnx_names)
         try:
             with onnx.beside():
                 if reference is None:
@@ -167,6 +168,7 @@ def _build(
                 if generation is not None:  # module.py then carries generate()
                     graph_module.meta["decoder"] = generation.artifact_meta
                 _write_graph_module(loaded, graph_module, staging, report, stage, cases)
+                _write_aoti(loaded, graph_module, staging, report, stage, cases[0], axes, ranges)
                 hashed_beside_export = hash_files(staging)
                 if onnx.in_child:  # the child exports from its own view of the graph: this one goes now, not after
                     graph_module = None
@@ -188,6 +190,7 @@ def _build(
         # module.py runs as hashed: what the manifest lists is what was validated.
         sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
         _add(report, checks.graph_module(sha256_of))
+        _add(report, checks.aoti())
         if generation is not None:
             with stage("validate_generation"):
                 report.generation = generation.check_files(staging, sha256_of)
@@ -299,6 +302,18 @@ def _write_graph_module(
         export.save_graph_module(graph_module, staging / "graph_module")
 
 
+def _write_aoti(
+    loaded: LoadedRecipe, graph_module: torch.fx.GraphModule, staging: Path, report: BuildReport, stage: Stages,
+    case: ShapeCase, axes: dict[str, dict[int, str]], ranges: dict[str, Any],
+) -> None:
+    from aot import export
+
+    if not loaded.recipe.export.aoti.enabled:
+        return
+    with stage("export_aoti"):
+        report.aoti = export.write_aoti_package(graph_module, case.inputs, axes, ranges, staging / export.AOTI_FILE)
+
+
 def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
     return {
         "manifest_version": MANIFEST_VERSION,
@@ -312,6 +327,7 @@ def _manifest(loaded: LoadedRecipe, report: BuildReport) -> dict[str, Any]:
         "accuracy": [a.to_json() for a in report.accuracy],
         "generation": [g.to_json() for g in report.generation],
         DEPLOYMENT_KEY: report.deployment.to_json() if report.deployment is not None else None,
+        "aoti": report.aoti,
         "artifacts": report.files,
         # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.
         "run": {

@@ -322,11 +322,25 @@ class OnnxSpec(_Toggle):
         return self.precision == "float16" or (self.precision == "auto" and self.target == "cuda")
 
 
+class AotiSpec(_Toggle):
+    """The AOTInductor package, an optional third artifact."""
+
+    enabled: bool = Field(
+        False,
+        description="Write aoti/model.pt2: the graph after the passes, exported with the recipe's dynamic dims and "
+        "compiled ahead of time by torch's Inductor (torch._inductor.aoti_compile_and_package) for the build's "
+        "device; loaded with torch alone (torch._inductor.aoti_load_package), it returns {output name: tensor}. "
+        "Validated like the other artifacts, in a process of its own. Its bytes are not reproducible and it runs "
+        "on the build's kind of processor or GPU only (the manifest's `aoti` says so).",
+    )
+
+
 class ExportSpec(_Strict):
     """Which artifacts to write."""
 
     graph_module: GraphModuleSpec = Field(default_factory=GraphModuleSpec, description="Saved GraphModule options.")
     onnx: OnnxSpec = Field(default_factory=OnnxSpec, description="ONNX artifact options.")
+    aoti: AotiSpec = Field(default_factory=AotiSpec, description="AOTInductor package options.")
 
 
 class PassSpec(_Strict):

@@ -272,11 +272,13 @@ def validate_artifacts(
     gate: Gate | None = None,
     onnx_names: dict[str, str] | None = None,
 ) -> tuple[list[Comparison], list[AccuracyResult]]:
-    """The ONNX model, then the saved GraphModule, in ``directory``: :class:`ArtifactChecks`."""
+    """The ONNX model, the saved GraphModule, then the AOTInductor package, in ``directory``: :class:`ArtifactChecks`."""
     checks = ArtifactChecks(loaded, cases, expected, directory, stage or _unnamed_stage, gate, onnx_names or {})
-    onnx_results, onnx_accuracy = checks.onnx()
-    module_results, module_accuracy = checks.graph_module(sha256_of)
-    return onnx_results + module_results, onnx_accuracy + module_accuracy
+    results: tuple[list[Comparison], list[AccuracyResult]] = ([], [])
+    for checked in (checks.onnx(), checks.graph_module(sha256_of), checks.aoti()):
+        results[0].extend(checked[0])
+        results[1].extend(checked[1])
+    return results
 
 
 @dataclass
@@ -284,7 +286,7 @@ class ArtifactChecks:
     """The files a build wrote in ``directory``, loaded as users load them, against eager.
 
     Each check is skipped (empty lists) when its file is not there, runs under its stage
-    (``validate_onnx``, ``validate_graph_module``), and with a ``gate`` also scores the
+    (``validate_onnx``, ``validate_graph_module``, ``validate_aoti``), and with a ``gate`` also scores the
     artifact on the gate's data. The build runs the two apart: it hashes the ONNX files
     while ONNX Runtime checks them.
     """
@@ -339,6 +341,22 @@ class ArtifactChecks:
             if self.gate is not None:
                 accuracy.append(self.gate.measure("graph_module", lambda batch: saved(**batch)))
             del saved, run
+        return results, accuracy
+
+    def aoti(self) -> tuple[list[Comparison], list[AccuracyResult]]:
+        """``aoti/model.pt2`` loaded by torch alone in a process of its own: a crash there fails the build, not ends it."""
+        from aot import export
+
+        path = self.directory / export.AOTI_FILE
+        if not path.is_file():
+            return [], []
+        accuracy: list[AccuracyResult] = []
+        with self.stage("validate_aoti"), export.AotiProcess(path, self.loaded.recipe.model.device) as package:
+            run = lambda case: package.run(case.inputs)  # noqa: E731
+            source = f"{export.AOTI_FILE} in torch._inductor.aoti_load_package, its own process"
+            results = check_artifact("aoti", run, self.cases, self.expected, self.loaded.recipe.validate_, source, self._gated)
+            if self.gate is not None:
+                accuracy.append(self.gate.measure("aoti", package.run))
         return results, accuracy
 
     @property

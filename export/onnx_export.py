@@ -35,10 +35,11 @@ from aot.compat.torch_private import ONNX_REGISTRATION_LOGGER, fx_code_without_s
 from aot.errors import ExportError, first_line
 from aot.outputs import flatten_outputs
 from aot.quiet import quiet_torch
-from aot.tracing.export_trace import INFERRED, export_dim
+from aot.tracing.export_trace import INFERRED
 from aot.tracing.source_location import raised_at
 
 from .contiguous_copies import with_explicit_copies
+from .export_shapes import dynamic_shapes_of, ordered_inputs
 from .onnx_decompositions import only_needed_decompositions
 from .onnx_files import step_errors, write_checked
 from .onnx_float16 import convert_to_float16
@@ -109,9 +110,9 @@ def write_onnx(
     cannot prove into runtime asserts, and then drops them from the ONNX graph.
     """
     path = Path(path)
-    inputs = _ordered_inputs(gm, example_inputs)
+    inputs = ordered_inputs(gm, example_inputs)
     output_names = output_names or _output_names(gm, inputs)
-    dynamic_shapes = _dynamic_shapes(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
+    dynamic_shapes = dynamic_shapes_of(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
     gm, translations = lower_int8_linears(with_explicit_copies(gm))
     gm, weight_only = lower_weight_only_linears(gm)
     translations = {**translations, **weight_only}
@@ -142,54 +143,12 @@ def write_onnx(
     return OnnxArtifact(written, fusions)
 
 
-def _ordered_inputs(gm: torch.fx.GraphModule, example_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The example inputs in the order of the graph's signature, which torch.export requires of kwargs."""
-    names = _input_names(gm)
-    unknown = sorted(set(example_inputs) - set(names))
-    if unknown:
-        raise ExportError(f"example input(s) {', '.join(unknown)} are not inputs of the graph ({', '.join(names)})")
-    return {name: example_inputs[name] for name in names if name in example_inputs}
-
-
-def _input_names(gm: torch.fx.GraphModule) -> list[str]:
-    info = getattr(gm.graph._codegen, "pytree_info", None)
-    if info is not None:
-        return list(info.orig_args)
-    return [node.target for node in gm.graph.find_nodes(op="placeholder")]
-
-
 def _output_names(gm: torch.fx.GraphModule, inputs: dict[str, torch.Tensor]) -> list[str]:
     try:
         with torch.no_grad():
             return list(flatten_outputs(gm(**inputs)))
     except Exception as error:
         raise ExportError(f"the graph does not run on the example inputs: {type(error).__name__}: {first_line(error)}")
-
-
-def _dynamic_shapes(
-    inputs: dict[str, torch.Tensor],
-    dynamic_dims: dict[str, dict[int, str]],
-    dim_ranges: dict[str, tuple[int | None, int | None]] | None = None,
-) -> dict:
-    """Dim names as strings (the exporter makes each a ``Dim.DYNAMIC``), or bounded shared Dims."""
-    unknown = sorted(set(dynamic_dims) - set(inputs))
-    if unknown:
-        raise ExportError(f"dynamic dims name input(s) {', '.join(unknown)} that the graph does not take")
-    shapes = {}
-    for name, tensor in inputs.items():
-        axes = dynamic_dims.get(name)
-        for axis in axes or {}:
-            if not 0 <= axis < tensor.dim():
-                raise ExportError(f"dynamic dim '{axes[axis]}' names axis {axis} of input '{name}', which has {tensor.dim()}")
-        shapes[name] = {axis: dim_name for axis, dim_name in sorted(axes.items())} if axes else None
-    if dim_ranges is None:
-        return shapes
-    dims = {name: export_dim(name, dim_ranges.get(name, (None, None))) for name in _dim_names(dynamic_dims)}
-    return {name: {axis: dims[dim_name] for axis, dim_name in axes.items()} if axes else None for name, axes in shapes.items()}
-
-
-def _dim_names(dynamic_dims: dict[str, dict[int, str]]) -> set[str]:
-    return {dim_name for axes in dynamic_dims.values() for dim_name in axes.values()}
 
 
 @contextlib.contextmanager

@@ -50,7 +50,7 @@ from aot.validate import recipe_of_build
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_RUNNERS = ("eager", "graph_module", "onnx")
+ARTIFACT_RUNNERS = ("eager", "graph_module", "onnx", "aoti")
 MODES = ("processes", "in-process")
 
 
@@ -151,16 +151,9 @@ def bench(
         require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "aot bench")
         loaded = recipe_of_build(directory, integrity.manifest)
     shapes = grid_shapes(loaded, grid or {})
-    from aot.bench.decoder_peers import DECODER_PEERS
-
-    misplaced = [peer for peer in peers or () if (peer in DECODER_PEERS) != is_decoder_with_cache(loaded)]
-    if misplaced:
-        kind = "a decoder build takes only the decoder peers" if is_decoder_with_cache(loaded) else "the decoder peers are for a decoder build"
-        raise RecipeError(f"--peers {misplaced[0]}: {kind} ({', '.join(DECODER_PEERS)})")
+    _check_peers_fit(loaded, peers)
     if is_decoder_with_cache(loaded) and new_tokens < 2:
         raise RecipeError(f"--new-tokens {new_tokens}: a decode time needs at least 2 tokens")
-    if peers and loaded.recipe.model.device != "cpu":
-        raise RecipeError(f"--peers: the peers run on the CPU, and this build's model runs on {loaded.recipe.model.device}")
     threads = threads or _default_threads()
     in_process = mode == "in-process"
     report = BenchReport(
@@ -195,6 +188,21 @@ def bench(
     return report
 
 
+def _check_peers_fit(loaded: LoadedRecipe, peers: tuple[str, ...]) -> None:
+    """A decoder build takes only the decoder peers, a CUDA build only the CUDA ones, and the others neither."""
+    from aot.bench.cuda_peers import CUDA_PEERS
+    from aot.bench.decoder_peers import DECODER_PEERS
+
+    on_cuda = loaded.recipe.model.device.startswith("cuda")
+    for peer in peers:
+        if (peer in DECODER_PEERS) != is_decoder_with_cache(loaded):
+            kind = "a decoder build takes only the decoder peers" if is_decoder_with_cache(loaded) else "the decoder peers are for a decoder build"
+            raise RecipeError(f"--peers {peer}: {kind} ({', '.join(DECODER_PEERS)})")
+        if (peer in CUDA_PEERS) != on_cuda:
+            where = f"a build on {loaded.recipe.model.device} takes only the CUDA peers" if on_cuda else "the CUDA peers are for a CUDA build"
+            raise RecipeError(f"--peers {peer}: {where} ({', '.join(CUDA_PEERS)})")
+
+
 def _peer_accuracy(hosts: dict[str, Any], peers: tuple[str, ...], report: BenchReport) -> None:
     """Each peer's metrics on the build's gate data, after the timing (their processes hold the eager model)."""
     for name in peers:
@@ -219,9 +227,10 @@ def _default_threads() -> int:
 
 
 def _artifact_present(directory: Path, runner: str) -> bool:
+    from aot.export.aoti_package import AOTI_FILE
+
     return runner == "eager" or (runner == "graph_module" and (directory / "graph_module").is_dir()) or (
-        runner == "onnx" and (directory / "model.onnx").is_file()
-    )
+        runner == "onnx" and (directory / "model.onnx").is_file()) or (runner == "aoti" and (directory / AOTI_FILE).is_file())
 
 
 @contextlib.contextmanager

@@ -19,7 +19,9 @@ times it (:mod:`aot.bench.worker`), in the same run as aot's artifacts:
 - ``decoder`` (a decoder build's only peers): ``eager_bf16`` and onnxruntime-genai's ``ort_genai``
   (:mod:`aot.bench.decoder_peers`);
 - ``torch_compile_freezing``: ``torch.compile`` with inductor freezing (opt-in:
-  it compiles for tens of seconds per shape; the bench reports the first call's time).
+  it compiles for tens of seconds per shape; the bench reports the first call's time);
+- ``cuda`` (a CUDA build's only peers): eager float16 and ``torch.compile``, with and without CUDA graphs
+  (:mod:`aot.bench.cuda_peers`).
 
 A peer that fails to build is reported as such, not silently dropped. A peer's ONNX
 file is written once into the bench's work directory and reused by the peers built on it.
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 
+from aot.bench.cuda_peers import CUDA_PEERS, build_cuda_peer
 from aot.bench.decoder_peers import DECODER_PEERS
 from aot.bench.int8_peers import quantize_onnx_dynamic, quantize_torch_dynamic
 
@@ -42,8 +45,10 @@ log = logging.getLogger(__name__)
 ONNX_PEERS = ("ort_torchscript", "ort_torchscript_fused", "ort_dynamo", "ort_dynamo_fused", "hf_onnx")
 INT8_PEERS = ("ort_quantize_dynamic", "torch_ao_dynamic")
 ALL_PEERS = ONNX_PEERS + INT8_PEERS + ("torch_compile_freezing",)
-# The names ``--peers`` takes besides the peers' own; a decoder build's peers are its own (aot.bench.decoder_peers).
-PEER_GROUPS = {"": (), "onnx": ONNX_PEERS, "int8": INT8_PEERS, "all": ALL_PEERS, "decoder": DECODER_PEERS}
+# The names ``--peers`` takes besides the peers' own; a decoder build's peers are its own (aot.bench.decoder_peers),
+# and so are a CUDA build's (aot.bench.cuda_peers).
+PEER_GROUPS = {"": (), "onnx": ONNX_PEERS, "int8": INT8_PEERS, "all": ALL_PEERS, "decoder": DECODER_PEERS, "cuda": CUDA_PEERS}
+KNOWN_PEERS = ALL_PEERS + DECODER_PEERS + CUDA_PEERS
 
 Runner = Callable[[dict[str, torch.Tensor]], Any]
 
@@ -52,10 +57,10 @@ def peer_names(text: str) -> tuple[str, ...]:
     """The peers ``--peers text`` names, in order, once each: a comma list of peers and groups of :data:`PEER_GROUPS`."""
     items = [item.strip() for item in text.split(",")]
     wanted = tuple(dict.fromkeys(peer for item in items for peer in PEER_GROUPS.get(item, (item,))))
-    unknown = [name for name in wanted if name not in ALL_PEERS + DECODER_PEERS]
+    unknown = [name for name in wanted if name not in KNOWN_PEERS]
     if unknown:
         groups = ", ".join(group for group in PEER_GROUPS if group)
-        known = ", ".join(ALL_PEERS + DECODER_PEERS)
+        known = ", ".join(KNOWN_PEERS)
         raise ValueError(f"unknown peer(s) {', '.join(unknown)}; known: {known} (groups: {groups})")
     return wanted
 
@@ -187,7 +192,9 @@ def build_peer(
     peer: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor], axes: dict[str, dict[int, str]], workdir: Path,
     threads: int, spinning: bool = True,
 ) -> Runner:
-    """A runner for ``peer`` (one of :data:`ALL_PEERS`); it raises when the peer cannot be built."""
+    """A runner for ``peer`` (one of :data:`ALL_PEERS` or :data:`CUDA_PEERS`); it raises when the peer cannot be built."""
+    if peer in CUDA_PEERS:
+        return build_cuda_peer(peer, model)
     if peer == "torch_compile_freezing":
         from aot.compat.torch_private import inductor_config
 

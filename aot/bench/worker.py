@@ -38,7 +38,7 @@ class RunnerSpec:
     """What a host needs to load one runner of a checked build directory."""
 
     build: str
-    runner: str  # eager | graph_module | onnx | a peer's name
+    runner: str  # eager | graph_module | onnx | aoti | a peer's name
     threads: int
     workdir: str  # shared by the hosts of one bench: the inputs file, the peers' ONNX files
     shapes: list[dict[str, int]]
@@ -52,7 +52,7 @@ class RunnerHost:
         self.spec = spec
         self.inputs: list[dict[str, Any]] = []
         self.run: Any = None
-        self._finish = lambda: None
+        self.on_cuda = False
         self.baseline_mib = 0.0
         self.generates = False  # a decoder build's runner: each call is a timed generation (aot.bench.generation)
         self._eager: tuple[Any, Any] | None = None  # (recipe, eager model), where the runner was built from it
@@ -64,9 +64,7 @@ class RunnerHost:
         self.baseline_mib = _status_mib("VmRSS")
         started = time.perf_counter()
         self.run, self.inputs = self._load()
-        on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in self.inputs[0].values()) if self.inputs else False
-        # CUDA runs asynchronously: a call's time ends when the GPU has finished its work.
-        self._finish = torch.cuda.synchronize if on_cuda else (lambda: None)
+        self.on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in self.inputs[0].values()) if self.inputs else False
         return {"setup_s": round(time.perf_counter() - started, 3), "baseline_mib": round(self.baseline_mib, 1), "pid": os.getpid()}
 
     def warm(self, shape: int, calls: int, memory: bool) -> dict[str, float | None]:
@@ -92,9 +90,15 @@ class RunnerHost:
         if self.generates:
             return self.run(inputs)
         with torch.inference_mode():
+            if self.on_cuda:  # CUDA runs asynchronously: timed on the GPU's clock, to its last kernel's end
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                self.run(inputs)
+                end.record()
+                end.synchronize()
+                return start.elapsed_time(end)
             started = time.perf_counter()
             self.run(inputs)
-            self._finish()
             return (time.perf_counter() - started) * 1000
 
     def _load(self) -> tuple[Any, list[dict[str, Any]]]:
@@ -111,7 +115,7 @@ class RunnerHost:
         if is_decoder_with_cache(loaded):
             self.generates = True
             return self._load_generation(loaded, build, inputs_file)
-        needs_model = spec.runner not in ("graph_module", "onnx")  # eager, and the peers built from it
+        needs_model = spec.runner not in ("graph_module", "onnx", "aoti")  # eager, and the peers built from it
         if needs_model:
             model = load_model(loaded, narrow_weights=False)  # the eager model as users run it
             if not inputs_file.exists():  # the eager host goes first and makes every shape's inputs
@@ -130,6 +134,11 @@ class RunnerHost:
             return (lambda given: saved(**given)), inputs
         if spec.runner == "onnx":
             return _onnx_runner(build / "model.onnx", spec, inputs), inputs
+        if spec.runner == "aoti":  # loaded as users load it: torch's own loader
+            from aot.compat.torch_private import aoti_load_package
+
+            package = aoti_load_package(str(build / export.AOTI_FILE))
+            return (lambda given: package(**given)), inputs
         runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(loaded, model), Path(spec.workdir), spec.threads,
                             spinning=not spec.shared_process)
         self._eager = (loaded, model)

@@ -18,7 +18,8 @@ heavy: ``aot check`` runs without torch.
 Not here, on purpose: what the saved ``module.py`` carries must import torch alone, so it names its
 ops itself: the runtime kernels (``aot/runtime/``: ``torch._int_mm``, ``torch.ops.mkldnn._linear_pointwise``...,
 each falling back to plain float ops where an op is missing) and the tracer's leaf functions
-(``aot/tracing/torch_functions.py``: ``torch._check_with``, in every release of the window).
+(``aot/tracing/torch_functions.py``: ``torch._check_with``, in every release of the window), and the process
+that proves an AOTInductor package loads with torch alone (``export/aoti_child.py``: ``torch._inductor.aoti_load_package``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ _NAMES: dict[str, tuple[str, str]] = {
     "is_cia_op": ("torch._export.utils", "_is_cia_op"),
     "lazy_clone": ("torch", "_lazy_clone"),
     "inductor_config": ("torch._inductor", "config"),
+    # AOTInductor's documented entry points, under a private module's name (export.aoti_package, the bench's runner)
+    "aoti_compile_and_package": ("torch._inductor", "aoti_compile_and_package"),
+    "aoti_load_package": ("torch._inductor", "aoti_load_package"),
     "PyTreeCodeGen": ("torch.fx.graph", "_PyTreeCodeGen"),
     "PyTreeInfo": ("torch.fx.graph", "_PyTreeInfo"),
     "get_qualified_name": ("torch.fx.node", "_get_qualified_name"),

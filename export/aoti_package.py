@@ -1,0 +1,201 @@
+"""The AOTInductor package: the graph compiled ahead of time by torch's Inductor into one ``.pt2`` file.
+
+::
+
+    graph (after the recipe's passes)
+      --torch.export, the recipe's dynamic dims bounded as it says-->  ExportedProgram
+      --torch._inductor.aoti_compile_and_package-->                   aoti/model.pt2
+                                                  (generated C++ or Triton kernels compiled into a
+                                                   shared library, its wrapper, and the weights)
+
+Users load it with torch alone: ``torch._inductor.aoti_load_package(path)(**inputs)`` returns
+``{output name: tensor}``, named as every aot artifact names its outputs
+(:func:`aot.outputs.flatten_outputs`). The graph is exported behind a wrapper that returns that dict,
+so the package's output spec holds no transformers type: torch unflattens it without transformers.
+
+What the package is not (the manifest's ``aoti`` says the first two):
+
+- byte-reproducible: torch writes a random ``serialization_id`` into every archive, and Inductor
+  appends its compile commands to the generated C++ sources or not, depending on what its cache
+  already held (measured with ``benchmarks/same_bytes.py``: two builds of ``recipes/bert_aoti.yaml``
+  on one machine differ in those three files; the compiled library and the weights were the same);
+- portable: on the CPU the C++ compiler targets the build machine's own processor
+  (``-march=native``), on CUDA the build GPU's architecture;
+- faster than eager on the CPU: with the recipe's dynamic batch and sequence, Inductor keeps ATen's
+  ``addmm`` for the linear layers (also with ``freezing`` and ``max_autotune``'s C++ GEMMs, tried on
+  torch 2.13), so BERT-base runs at eager's speed, where the saved GraphModule's prepacked oneDNN
+  GEMMs run 2.3x faster (README, "AOTInductor").
+
+It is loaded in a process of its own (:class:`AotiProcess`): loading it opens compiled code, and
+a crash there (seen with torch 2.11.0+cu130 on an H100 and an H200: a segmentation fault inside
+``aoti_load_package``'s ``_load_aoti``, on every BERT-base package)
+must fail the build with a message, not end it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import pickle
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from aot.compat.torch_private import aoti_compile_and_package
+from aot.errors import ExportError, first_line
+from aot.outputs import flatten_outputs
+from aot.quiet import quiet_torch
+
+from .export_shapes import dynamic_shapes_of, ordered_inputs
+
+logger = logging.getLogger(__name__)
+
+AOTI_FILE = "aoti/model.pt2"
+_CHILD = Path(__file__).with_name("aoti_child.py")
+# What the manifest says of the package's bytes; benchmarks/same_bytes.py --aoti measures it.
+NOT_REPRODUCIBLE = ("torch writes a random serialization_id into every .pt2 archive, and Inductor appends its compile "
+                    "commands to the generated C++ sources or not, depending on what its cache already held")
+
+
+def write_aoti_package(
+    gm: torch.fx.GraphModule,
+    example_inputs: dict[str, torch.Tensor],
+    dynamic_dims: dict[str, dict[int, str]],
+    dim_ranges: dict[str, tuple[int | None, int | None]] | None,
+    path: Path,
+) -> dict[str, Any]:
+    """Compile ``gm`` into ``path``; returns what the manifest records of it (see the module docstring)."""
+    inputs = ordered_inputs(gm, example_inputs)
+    shapes = dynamic_shapes_of(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
+    named = _with_named_outputs(gm, list(inputs))
+    try:
+        with quiet_torch("torch.export"):
+            program = torch.export.export(named, (), kwargs=inputs, dynamic_shapes=shapes, strict=False)
+    except Exception as error:
+        raise ExportError(f"torch.export rejects the graph for {path.name}: {type(error).__name__}: {first_line(error)}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    device = next(iter(inputs.values())).device
+    try:
+        with quiet_torch("AOTInductor"):
+            aoti_compile_and_package(program, package_path=str(path))
+    except Exception as error:
+        path.unlink(missing_ok=True)
+        raise ExportError(f"{path.name}: AOTInductor cannot compile the graph: {type(error).__name__}: {first_line(error)}") from None
+    logger.info("compiled %s for %s", path, device)
+    return {"file": AOTI_FILE, "compiled_for": _compiled_for(device), "inputs": list(inputs),
+            "byte_reproducible": False, "why_not_reproducible": NOT_REPRODUCIBLE}
+
+
+def _with_named_outputs(gm: torch.fx.GraphModule, names: list[str]) -> torch.nn.Module:
+    """``gm`` behind a module whose ``forward(<the graph's inputs>)`` returns ``flatten_outputs(gm(...))``.
+
+    torch.export binds keyword inputs to the forward's signature, so the wrapper's forward is given
+    the graph's own parameter names (``__signature__``) rather than a bare ``**inputs``.
+    """
+
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return flatten_outputs(self.graph_module(**dict(zip(names, args)), **kwargs))
+
+    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in ["self", *names]]
+    forward.__signature__ = inspect.Signature(parameters)
+    wrapper = type("NamedOutputs", (torch.nn.Module,), {"forward": forward})()
+    wrapper.graph_module = gm
+    return wrapper
+
+
+def _compiled_for(device: torch.device) -> str:
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda: {torch.cuda.get_device_name(device)} (sm_{major}{minor}), CUDA {torch.version.cuda}"
+    return f"cpu: {platform.machine()} {_cpu_name()} (-march=native)"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown processor"
+
+
+class AotiProcess:
+    """An AOTInductor package loaded and run in a child process of its own (:mod:`aot.export.aoti_child`).
+
+    ``with AotiProcess(path, device) as package: package.run(inputs)`` returns the package's
+    ``{output name: tensor}`` on the CPU. A child that dies (a crash while loading or running) is
+    reported as :class:`AotiCrash`, naming the signal and the child's last line on stderr.
+    """
+
+    def __init__(self, path: Path, device: str | torch.device = "cpu"):
+        self.path = Path(path)
+        self.device = str(device)
+        self._stderr = tempfile.TemporaryFile()
+        self._child = subprocess.Popen(
+            [sys.executable, str(_CHILD), str(self.path), self.device],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+        )
+        self.load_s = self._reply("load")
+
+    def __enter__(self) -> AotiProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        request = {name: value.detach().cpu() if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
+        try:
+            pickle.dump(request, self._child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self._child.stdin.flush()
+        except BrokenPipeError:
+            raise self._crash("run") from None
+        return self._reply("run")
+
+    def close(self) -> None:
+        if self._child.poll() is None:
+            self._child.stdin.close()
+            try:
+                self._child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                self._child.wait()
+        self._stderr.close()
+
+    def _reply(self, doing: str) -> Any:
+        try:
+            status, value = pickle.load(self._child.stdout)
+        except (EOFError, pickle.UnpicklingError):
+            raise self._crash(doing) from None
+        if status == "error":
+            raise (ExportError(f"{self.path.name}: {value}") if doing == "load" else RuntimeError(value))
+        return value
+
+    def _crash(self, doing: str) -> AotiCrash:
+        code = self._child.wait()
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        self._stderr.seek(0)
+        said = _last_words(self._stderr.read().decode(errors="replace"))
+        return AotiCrash(f"{self.path.name}: the process that {'loads' if doing == 'load' else 'runs'} it died ({how}){said}")
+
+
+def _last_words(stderr: str) -> str:
+    """What a dead child's stderr says of its end: faulthandler's fault and innermost frame, else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    faults = [index for index, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    if faults:
+        frames = [line for line in lines[faults[-1]:] if line.startswith("File ")]
+        return f": {lines[faults[-1]]}" + (f", in {frames[0]}" if frames else "")
+    return f": {lines[-1]}" if lines else ""
+
+
+class AotiCrash(ExportError):
+    """The process running an AOTInductor package died."""
