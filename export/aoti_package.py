@@ -73,7 +73,7 @@ def write_aoti_package(
 ) -> dict[str, Any]:
     """Compile ``gm`` into ``path``; returns what the manifest records of it (see the module docstring)."""
     inputs = ordered_inputs(gm, example_inputs)
-    shapes = dynamic_shapes_of(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
+    shapes = dynamic_shapes_of(inputs, dynamic_dims, dim_ranges, refinable=True) if dynamic_dims else None
     named = _with_named_outputs(gm, list(inputs))
     try:
         with quiet_torch("torch.export"):

@@ -32,8 +32,14 @@ def dynamic_shapes_of(
     inputs: dict[str, torch.Tensor],
     dynamic_dims: dict[str, dict[int, str]],
     dim_ranges: dict[str, tuple[int | None, int | None]] | None = None,
+    refinable: bool = False,
 ) -> dict:
-    """Dim names as strings (the exporter makes each a ``Dim.DYNAMIC``), or bounded shared Dims."""
+    """Dim names as strings (the exporter makes each a ``Dim.DYNAMIC``), or bounded shared Dims.
+
+    ``refinable``: each bounded dim a ``Dim.DYNAMIC`` hint rather than a named ``Dim``, so that
+    torch.export narrows a range the model cannot take (a recipe's unbounded sequence against BERT's
+    512 positions) instead of refusing it.
+    """
     unknown = sorted(set(dynamic_dims) - set(inputs))
     if unknown:
         raise ExportError(f"dynamic dims name input(s) {', '.join(unknown)} that the graph does not take")
@@ -46,7 +52,7 @@ def dynamic_shapes_of(
         shapes[name] = {axis: dim_name for axis, dim_name in sorted(axes.items())} if axes else None
     if dim_ranges is None:
         return shapes
-    dims = {name: export_dim(name, dim_ranges.get(name, (None, None))) for name in _dim_names(dynamic_dims)}
+    dims = {name: export_dim(name, dim_ranges.get(name, (None, None)), refinable) for name in _dim_names(dynamic_dims)}
     return {name: {axis: dims[dim_name] for axis, dim_name in axes.items()} if axes else None for name, axes in shapes.items()}
 
 

@@ -20,30 +20,14 @@ from aot.errors import ExportError, RecipeError
 from aot.export import AOTI_FILE, AotiCrash, AotiProcess
 from aot.recipe import load_recipe
 from aot.validate import validate_directory
+from tests.conftest import TINY_BERT
 
-RECIPE = """\
-model:
-  config: {model_type: bert, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 64, vocab_size: 128}
-  class: BertModel
-  seed: 0
-inputs:
-  dims:
-    batch: {size: 2, dynamic: true, max: 16}
-    sequence: {size: 8, dynamic: true, max: 64}
-  tensors:
-    - {name: input_ids, shape: [batch, sequence]}
-    - {name: attention_mask, shape: [batch, sequence]}
-    - {name: token_type_ids, shape: [batch, sequence]}
-passes: [merge_linears, remove_dropout, dead_code_elimination]
-validate:
-  shapes:
-    - {batch: 1, sequence: 5}
-    - {batch: 7, sequence: 33}
+RECIPE = TINY_BERT + """\
 export:
   onnx: false
   aoti: true
 """
-SHAPES = ["batch=2,sequence=8", "batch=1,sequence=5", "batch=7,sequence=33"]
+SHAPES = ["batch=2,sequence=8", "batch=1,sequence=5", "batch=3,sequence=12"]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +41,7 @@ def _inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(batch * 1000 + sequence)
     mask = torch.ones(batch, sequence, dtype=torch.int64)
     mask[0, sequence // 2:] = 0
-    return {"input_ids": torch.randint(0, 128, (batch, sequence), generator=generator), "attention_mask": mask,
-            "token_type_ids": torch.zeros(batch, sequence, dtype=torch.int64)}
+    return {"input_ids": torch.randint(0, 128, (batch, sequence), generator=generator), "attention_mask": mask}
 
 
 def test_manifest_lists_the_package_and_says_it_is_not_reproducible(built: Path) -> None:
@@ -68,7 +51,7 @@ def test_manifest_lists_the_package_and_says_it_is_not_reproducible(built: Path)
     assert manifest["aoti"]["byte_reproducible"] is False
     assert "serialization_id" in manifest["aoti"]["why_not_reproducible"]
     assert manifest["aoti"]["compiled_for"].startswith("cpu: ")
-    assert manifest["aoti"]["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert manifest["aoti"]["inputs"] == ["input_ids", "attention_mask"]
 
 
 def test_build_validated_the_package_at_every_shape(built: Path) -> None:
