@@ -349,8 +349,8 @@ def _print_bench(report) -> None:
 @main.command(name="run")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.argument("texts", nargs=-1)
-@click.option("--runtime", type=click.Choice(["onnx", "torch"]), default="onnx", show_default=True,
-              help="ONNX Runtime, or graph_module/module.py with torch (code: see --trust-code).")
+@click.option("--runtime", type=click.Choice(["onnx", "torch", "aoti"]), default="onnx", show_default=True,
+              help="ONNX Runtime, graph_module/module.py with torch, or the AOTInductor package (code, both: see --trust-code).")
 @click.option("--file", "file", type=click.Path(dir_okay=False, path_type=str),
               help="Texts from a file: one a line, or JSONL (.jsonl) with --field. Without TEXT or --file: stdin.")
 @click.option("--field", help="The JSONL field that holds the text (default for .jsonl: text).")

@@ -1,8 +1,9 @@
-"""The two artifacts of a build directory as callables: ONNX Runtime's session, or ``module.py`` with torch.
+"""The artifacts of a build directory as callables: ONNX Runtime's session, ``module.py`` with torch, or the
+AOTInductor package with torch's own loader.
 
-Both take ``{input name: tensor}`` and return ``{output name: tensor}`` (:func:`aot.outputs.flatten_outputs`'s
-names), and for a decoder build a greedy ``generate``. Tokenization lives outside: ``module.py`` stays
-torch-only, and the ONNX model is data.
+Each takes ``{input name: tensor}`` and returns ``{output name: tensor}`` (:func:`aot.outputs.flatten_outputs`'s
+names), and for a decoder build the first two a greedy ``generate``. Tokenization lives outside: ``module.py``
+stays torch-only, and the ONNX model is data.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-RUNTIMES = ("onnx", "torch")
+RUNTIMES = ("onnx", "torch", "aoti")
 
 
 class Artifact(Protocol):
@@ -79,6 +80,31 @@ class TorchArtifact:
     @torch.no_grad()
     def generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id=None, pad_token_id=None) -> torch.Tensor:
         return self.model.generate(input_ids, attention_mask, max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+
+
+class AotiArtifact:
+    """``aoti/model.pt2`` (``export.aoti``) loaded in this process by ``torch._inductor.aoti_load_package``.
+
+    ``package``: the manifest's ``aoti`` entry: the inputs the package takes, and the device it was compiled for
+    (a CUDA package takes its inputs there; its outputs come back to the CPU).
+    """
+
+    runtime = "aoti"
+
+    def __init__(self, path: Path, package: dict[str, Any]):
+        from aot.compat.torch_private import aoti_load_package
+
+        self.run = aoti_load_package(str(path))
+        self.input_names = list(package["inputs"])
+        self.device = "cuda" if package["compiled_for"].startswith("cuda") else "cpu"
+
+    @torch.no_grad()
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        outputs = self.run(**{name: inputs[name].to(self.device) for name in self.input_names})
+        return {name: value.cpu() for name, value in outputs.items()}
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id=None, pad_token_id=None) -> torch.Tensor:
+        raise NotImplementedError("the AOTInductor package has no generate(): use runtime 'onnx' or 'torch'")
 
 
 def _forward_names(model: Any) -> list[str] | None:

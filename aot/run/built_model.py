@@ -1,6 +1,6 @@
 """``aot.load(DIR)``: a verified build directory as a model that takes text and answers in the task's terms.
 
-    model = aot.load("out/minilm")                 # ONNX Runtime; runtime="torch" runs module.py
+    model = aot.load("out/minilm")                 # ONNX Runtime; runtime="torch" runs module.py, "aoti" aoti/model.pt2
     model.embed(["A man is eating food.", "A man eats."])      # (2, 384): the recipe's pooling
     model.similarity(["A man is eating food.", "A man eats."]) # (2, 2) cosine similarities
     model.classify(["great film"])                 # [[("POSITIVE", 0.93), ...]]: id2label, softmax
@@ -10,7 +10,8 @@
     model({"input_ids": ..., "attention_mask": ...})           # token ids in, outputs out
 
 Every file is checked against the manifest first, as ``aot validate`` does (exit 7 on a mismatch),
-and ``runtime="torch"`` runs ``module.py`` only with consent (:mod:`aot.consent`). The tokenizer and
+and ``runtime="torch"`` runs ``module.py`` (``"aoti"``: the AOTInductor package's compiled code) only with
+consent (:mod:`aot.consent`). The tokenizer and
 config are the ones the build shipped and checked (:mod:`aot.bundle`); nothing is read from
 elsewhere. Text longer than the build's largest sequence is truncated to it, and the result says
 which inputs were (``truncated``).
@@ -31,13 +32,14 @@ from aot.consent import require_consent
 from aot.errors import RecipeError
 from aot.integrity import verify_directory
 
-from .artifacts import RUNTIMES, OnnxArtifact, TorchArtifact
+from .artifacts import RUNTIMES, AotiArtifact, OnnxArtifact, TorchArtifact
 
 log = logging.getLogger(__name__)
 
 POOLINGS = ("mean", "cls", "none")
 _ONNX_FILE = "model.onnx"
 _MODULE_FILE = "graph_module/module.py"
+AOTI_FILE = "aoti/model.pt2"  # aot.export.AOTI_FILE, named here so that aot.load imports no exporter
 
 
 @dataclass
@@ -231,6 +233,13 @@ def load(directory: str | Path, runtime: str = "onnx", *, expect_sha256: str | N
         if integrity.sha256_of(_ONNX_FILE) is None:
             raise RecipeError(f"{directory}: this build has no ONNX model: use runtime 'torch'")
         return BuiltModel(directory, manifest, OnnxArtifact(directory / _ONNX_FILE, decoder, threads))
+    if runtime == "aoti":
+        if integrity.sha256_of(AOTI_FILE) is None or not manifest.get("aoti"):
+            raise RecipeError(f"{directory}: this build has no AOTInductor package (export.aoti): use runtime 'onnx' or 'torch'")
+        if decoder:
+            raise RecipeError(f"{directory}: a decoder's AOTInductor package cannot generate: use runtime 'onnx' or 'torch'")
+        require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "the aoti runtime")
+        return BuiltModel(directory, manifest, AotiArtifact(directory / AOTI_FILE, manifest["aoti"]))
     if integrity.sha256_of(_MODULE_FILE) is None:
         raise RecipeError(f"{directory}: this build has no GraphModule: use runtime 'onnx'")
     require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "the torch runtime")

@@ -148,3 +148,19 @@ def test_cuda_package_is_built_and_validated_on_the_gpu(tmp_path: Path) -> None:
     assert manifest["aoti"]["compiled_for"].startswith("cuda: ")
     checked = [entry for entry in manifest["validation"] if entry["artifact"] == "aoti"]
     assert [entry["shape"] for entry in checked] == SHAPES and all(entry["ok"] for entry in checked)
+
+
+def test_aot_load_runs_the_package_as_the_torch_runtime_runs_module_py(built: Path, tiny_build: Path) -> None:
+    from aot.run.built_model import AOTI_FILE as RUN_AOTI_FILE
+    from aot.run.built_model import load
+
+    assert RUN_AOTI_FILE == AOTI_FILE
+    package, module = load(built, "aoti"), load(built, "torch")
+    assert package.runtime == "aoti"
+    inputs = _inputs(2, 9)
+    got, want = package(inputs), module(inputs)
+    assert set(got) == set(want) == {"last_hidden_state", "pooler_output"}
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4)
+    with pytest.raises(RecipeError, match="no AOTInductor package"):
+        load(tiny_build, "aoti")
