@@ -26,6 +26,17 @@ def tool_versions() -> dict[str, str | None]:
     return versions
 
 
+def cpu_model() -> str:
+    """The CPU's name as the kernel reports it (every figure is quoted with it)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:

@@ -50,6 +50,7 @@ import torch.fx
 
 from aot.compat.torch_private import aoti_compile_and_package
 from aot.errors import ExportError, first_line
+from aot.manifest import cpu_model
 from aot.outputs import flatten_outputs
 from aot.quiet import quiet_torch
 
@@ -59,7 +60,7 @@ logger = logging.getLogger(__name__)
 
 AOTI_FILE = "aoti/model.pt2"
 _CHILD = Path(__file__).with_name("aoti_child.py")
-# What the manifest says of the package's bytes; benchmarks/same_bytes.py --aoti measures it.
+# What the manifest says of the package's bytes; benchmarks/same_bytes.py's compare measured it.
 NOT_REPRODUCIBLE = ("torch writes a random serialization_id into every .pt2 archive, and Inductor appends its compile "
                     "commands to the generated C++ sources or not, depending on what its cache already held")
 
@@ -114,17 +115,7 @@ def _compiled_for(device: torch.device) -> str:
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return f"cuda: {torch.cuda.get_device_name(device)} (sm_{major}{minor}), CUDA {torch.version.cuda}"
-    return f"cpu: {platform.machine()} {_cpu_name()} (-march=native)"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown processor"
+    return f"cpu: {platform.machine()} {cpu_model()} (-march=native)"
 
 
 class AotiProcess:

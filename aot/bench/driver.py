@@ -44,6 +44,7 @@ from aot.bench.worker import RunnerHost, RunnerSpec
 from aot.errors import AotError, RecipeError
 from aot.consent import require_consent
 from aot.integrity import verify_directory
+from aot.manifest import cpu_model
 from aot.recipe import LoadedRecipe, is_decoder_with_cache
 from aot.stages import Progress, Stages
 from aot.validate import recipe_of_build
@@ -96,17 +97,6 @@ class BenchReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def cpu_model() -> str:
-    """The CPU's name as the kernel reports it (every figure is quoted with it)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 DECODER_GRID = {"batch": [1], "prompt": [32]}  # a decoder build's dims: rows, and prompt tokens
