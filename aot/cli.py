@@ -318,7 +318,8 @@ def _print_bench(report) -> None:
     from rich.table import Table
 
     where = "each runner in its own process" if report.mode == "processes" else "ALL RUNNERS IN ONE PROCESS (distorted)"
-    table = Table(title=f"{report.build}: {report.cpu}, {report.threads} threads, {report.runs} rounds, {where}")
+    machine = report.cpu if report.device == "cpu" else f"{report.device} (CUDA events; host {report.cpu})"
+    table = Table(title=f"{report.build}: {machine}, {report.threads} threads, {report.runs} rounds, {where}")
     labels = [_shape_label(shape) for shape in report.shapes]
     runners = [figures.runner for shape in report.shapes for figures in shape.runners]
     widths = {"shape": max(map(len, labels), default=5), "runner": max(map(len, runners), default=6)}

@@ -134,7 +134,11 @@ class AotiProcess:
             [sys.executable, str(_CHILD), str(self.path), self.device],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
         )
-        self.load_s = self._reply("load")
+        try:
+            self.load_s = self._reply("load")
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> AotiProcess:
         return self

@@ -86,6 +86,7 @@ class BenchReport:
     runs: int
     warmup: int
     gap_ms: float
+    device: str = "cpu"  # where the runners ran: "cpu", or the GPU's name (`cpu` is then its host's)
     setup_s: dict[str, float] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)  # the process each runner ran in
     shapes: list[ShapeFigures] = field(default_factory=list)
@@ -162,6 +163,7 @@ def bench(
                 try:
                     hosts[name], setup = start(dataclasses.replace(spec, runner=name))
                     report.setup_s[name], report.pids[name] = setup["setup_s"], setup["pid"]
+                    report.device = setup.get("device", report.device)
                 except AotError as error:
                     if name in ARTIFACT_RUNNERS:
                         raise

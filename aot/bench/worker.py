@@ -8,7 +8,8 @@ labelled ``--in-process`` mode, where every host lives in the driver's process.
 
 Requests, one JSON object a line, each answered by one line:
 
-- ``{"op": "setup", ...RunnerSpec}``: load the runner -> ``{"setup_s", "baseline_mib", "pid"}``;
+- ``{"op": "setup", ...RunnerSpec}``: load the runner -> ``{"setup_s", "baseline_mib", "pid", "device"}`` (the GPU's
+  name where the runner's inputs are on CUDA, else ``"cpu"``);
 - ``{"op": "warm", "shape": i, "calls": n, "memory": bool}`` -> ``{"first_call_ms", "peak_mib"}``;
 - ``{"op": "time", "shape": i}``: one call -> ``{"ms"}``; for a decoder build one generation,
   ``{"ms": {"prefill": ..., "decode": ...}}`` (:mod:`aot.bench.generation`);
@@ -65,7 +66,9 @@ class RunnerHost:
         started = time.perf_counter()
         self.run, self.inputs = self._load()
         self.on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in self.inputs[0].values()) if self.inputs else False
-        return {"setup_s": round(time.perf_counter() - started, 3), "baseline_mib": round(self.baseline_mib, 1), "pid": os.getpid()}
+        device = torch.cuda.get_device_name(torch.cuda.current_device()) if self.on_cuda else "cpu"
+        return {"setup_s": round(time.perf_counter() - started, 3), "baseline_mib": round(self.baseline_mib, 1), "pid": os.getpid(),
+                "device": device}
 
     def warm(self, shape: int, calls: int, memory: bool) -> dict[str, float | None]:
         """``calls`` untimed calls at ``shape`` (the first one's time reported: a compiler compiles there).

@@ -126,6 +126,7 @@ def test_bench_times_the_package_in_a_process_of_its_own(built: Path) -> None:
 
     report = bench(built, {"batch": [2], "sequence": [16]}, runs=3, warmup=1, threads=1, gap_ms=0)
     assert set(report.pids) == {"eager", "graph_module", "aoti"}
+    assert report.device == "cpu" and report.cpu
     assert len(set(report.pids.values())) == 3
     figures = {runner.runner: runner for runner in report.shapes[0].runners}
     assert figures["aoti"].median_ms > 0 and figures["aoti"].peak_mib is not None
