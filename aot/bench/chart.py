@@ -29,7 +29,7 @@ def draw_chart(report: BenchReport, path: Path) -> None:
     axes.axhline(1.0, color="grey", linewidth=0.8)
     axes.set_xticks([i + width * (len(runner_names) - 1) / 2 for i in range(len(labels))], labels)
     axes.set_ylabel("speedup over eager (paired median)")
-    axes.set_title(f"aot bench: {Path(report.build).name}, {report.cpu if report.device == "cpu" else report.device}, {report.threads} threads, {report.mode}", fontsize=9)
+    axes.set_title(f"aot bench: {Path(report.build).name}, {report.cpu if report.device == 'cpu' else report.device}, {report.threads} threads, {report.mode}", fontsize=9)
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120, metadata={"Software": None})
