@@ -50,7 +50,7 @@ import torch.fx
 
 from aot.compat.torch_private import aoti_compile_and_package
 from aot.errors import ExportError, first_line
-from aot.manifest import cpu_model
+from aot.manifest import AOTI_FILE, cpu_model
 from aot.outputs import flatten_outputs
 from aot.quiet import quiet_torch
 
@@ -58,7 +58,6 @@ from .export_shapes import dynamic_shapes_of, ordered_inputs
 
 logger = logging.getLogger(__name__)
 
-AOTI_FILE = "aoti/model.pt2"
 _CHILD = Path(__file__).with_name("aoti_child.py")
 # What the manifest says of the package's bytes; benchmarks/same_bytes.py's compare measured it.
 NOT_REPRODUCIBLE = ("torch writes a random serialization_id into every .pt2 archive, and Inductor appends its compile "

@@ -44,7 +44,7 @@ from aot.bench.worker import RunnerHost, RunnerSpec
 from aot.errors import AotError, RecipeError
 from aot.consent import require_consent
 from aot.integrity import verify_directory
-from aot.manifest import cpu_model
+from aot.manifest import AOTI_FILE, cpu_model
 from aot.recipe import LoadedRecipe, is_decoder_with_cache
 from aot.stages import Progress, Stages
 from aot.validate import recipe_of_build
@@ -219,8 +219,6 @@ def _default_threads() -> int:
 
 
 def _artifact_present(directory: Path, runner: str) -> bool:
-    from aot.export.aoti_package import AOTI_FILE
-
     return runner == "eager" or (runner == "graph_module" and (directory / "graph_module").is_dir()) or (
         runner == "onnx" and (directory / "model.onnx").is_file()) or (runner == "aoti" and (directory / AOTI_FILE).is_file())
 

@@ -31,6 +31,7 @@ from aot.bundle import DEPLOYMENT_KEY
 from aot.consent import require_consent
 from aot.errors import RecipeError
 from aot.integrity import verify_directory
+from aot.manifest import AOTI_FILE
 
 from .artifacts import RUNTIMES, AotiArtifact, OnnxArtifact, TorchArtifact
 
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 POOLINGS = ("mean", "cls", "none")
 _ONNX_FILE = "model.onnx"
 _MODULE_FILE = "graph_module/module.py"
-AOTI_FILE = "aoti/model.pt2"  # aot.export.AOTI_FILE, named here so that aot.load imports no exporter
 
 
 @dataclass
