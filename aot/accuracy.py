@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from aot.outputs import flatten_outputs
-from aot.recipe import LoadedRecipe, accuracy_data_path, tokenizer_source
+from aot.plan import GatePlan
 from aot.recipe_schema import AccuracySpec, DimSpec
 
 Batch = dict[str, torch.Tensor]
@@ -70,23 +70,24 @@ class AccuracyResult:
         return {**asdict(self), "ok": self.ok, "failed": self.failed}
 
 
-def accuracy_data(loaded: LoadedRecipe, model: torch.nn.Module | None, tokenizer: Any = None) -> AccuracyData | None:
+def accuracy_data(plan: GatePlan | None, model: torch.nn.Module | None, tokenizer: Any = None) -> AccuracyData | None:
     """The recipe's accuracy data set, batched as the artifacts take it; None without a gate."""
-    spec = loaded.recipe.validate_.accuracy
-    if spec is None:
+    if plan is None:
         return None
+    spec = plan.spec
     if spec.data.endswith(".safetensors"):
-        return _tensor_batches(loaded, spec)
-    texts = list(loaded.recipe.inputs.texts or []) if spec.data == "texts" else read_texts(loaded, spec)
+        return _tensor_batches(plan)
+    texts = list(plan.texts) if spec.data == "texts" else read_texts(plan)
     if tokenizer is None:
         from aot.models import load_tokenizer
 
-        tokenizer = load_tokenizer(loaded, *tokenizer_source(loaded))
-    return _text_batches(loaded, spec, texts, tokenizer)
+        tokenizer = load_tokenizer(plan.tokenizer)
+    return _text_batches(plan, texts, tokenizer)
 
 
-def read_texts(loaded: LoadedRecipe, spec: AccuracySpec) -> list[str]:
-    path = accuracy_data_path(loaded)
+def read_texts(plan: GatePlan) -> list[str]:
+    """The texts of the gate's .txt or .jsonl data file."""
+    spec, path = plan.spec, plan.data_path
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if path.suffix == ".txt":
         return lines
@@ -95,38 +96,40 @@ def read_texts(loaded: LoadedRecipe, spec: AccuracySpec) -> list[str]:
         try:
             texts.append(str(json.loads(line)[spec.text_field]))
         except (ValueError, KeyError, TypeError):
-            raise loaded.error(("validate", "accuracy", "data"), f"{path}:{number}: no '{spec.text_field}' field") from None
+            raise plan.locator.error(("validate", "accuracy", "data"), f"{path}:{number}: no '{spec.text_field}' field") from None
     return texts
 
 
-def _batch_size(loaded: LoadedRecipe, spec: AccuracySpec) -> int:
+def _batch_size(plan: GatePlan) -> int:
     """Examples per call: the recipe's batch_size within the first input's batch dim (its size when not dynamic)."""
-    batch_name = loaded.recipe.inputs.tensors[0].shape[0] if loaded.recipe.inputs.tensors[0].shape else None
-    batch_dim = loaded.recipe.inputs.dims.get(batch_name) if isinstance(batch_name, str) else None
+    spec = plan.spec
+    batch_name = plan.tensors[0].shape[0] if plan.tensors[0].shape else None
+    batch_dim = plan.dims.get(batch_name) if isinstance(batch_name, str) else None
     if batch_dim is None:
         return spec.batch_size
     return min(spec.batch_size, batch_dim.max or spec.batch_size) if batch_dim.dynamic else batch_dim.size
 
 
-def _sequence_dim(loaded: LoadedRecipe) -> DimSpec:
+def _sequence_dim(plan: GatePlan) -> DimSpec:
     """The sequence dim texts are tokenised to: the first input must be [batch_dim, sequence_dim]."""
-    first = loaded.recipe.inputs.tensors[0]
+    first = plan.tensors[0]
     if len(first.shape) != 2 or not all(isinstance(d, str) for d in first.shape):
-        raise loaded.error(("inputs", "tensors", 0, "shape"), "an accuracy data set needs inputs shaped [batch_dim, sequence_dim]")
-    return loaded.recipe.inputs.dims[first.shape[1]]
+        raise plan.locator.error(("inputs", "tensors", 0, "shape"), "an accuracy data set needs inputs shaped [batch_dim, sequence_dim]")
+    return plan.dims[first.shape[1]]
 
 
-def _text_batches(loaded: LoadedRecipe, spec: AccuracySpec, texts: list[str], tokenizer: Any) -> AccuracyData:
+def _text_batches(plan: GatePlan, texts: list[str], tokenizer: Any) -> AccuracyData:
+    spec = plan.spec
     if len(texts) < 2:
-        raise loaded.error(("validate", "accuracy", "data"), "an accuracy data set needs at least two examples")
-    sequence, batch_size = _sequence_dim(loaded), _batch_size(loaded, spec)
+        raise plan.locator.error(("validate", "accuracy", "data"), "an accuracy data set needs at least two examples")
+    sequence, batch_size = _sequence_dim(plan), _batch_size(plan)
     fixed_sequence, longest = not sequence.dynamic, sequence.max if sequence.dynamic else sequence.size
     batches = []
     for start in range(0, len(texts), batch_size):
         chunk = _filled(texts[start : start + batch_size], batch_size, texts)
         encoded = tokenizer(chunk, padding="max_length" if fixed_sequence else "longest", truncation=True,
                             max_length=longest, return_tensors="pt")
-        batches.append(_as_inputs(loaded, encoded))
+        batches.append(_as_inputs(plan, encoded))
     source = "inputs.texts" if spec.data == "texts" else spec.data
     return AccuracyData(batches=batches, examples=len(texts), source=source)
 
@@ -136,30 +139,30 @@ def _filled(chunk: list[str], size: int, texts: list[str]) -> list[str]:
     return chunk + list(itertools.islice(itertools.cycle(texts), size - len(chunk)))
 
 
-def _as_inputs(loaded: LoadedRecipe, encoded: Any) -> Batch:
+def _as_inputs(plan: GatePlan, encoded: Any) -> Batch:
     inputs = {}
-    for index, tensor in enumerate(loaded.recipe.inputs.tensors):
+    for index, tensor in enumerate(plan.tensors):
         if tensor.name not in encoded:
-            raise loaded.error(("inputs", "tensors", index, "name"), f"the tokenizer gives no '{tensor.name}' (it gives: {', '.join(encoded)})")
-        inputs[tensor.name] = encoded[tensor.name].to(getattr(torch, tensor.dtype)).to(loaded.recipe.model.device)
+            raise plan.locator.error(("inputs", "tensors", index, "name"), f"the tokenizer gives no '{tensor.name}' (it gives: {', '.join(encoded)})")
+        inputs[tensor.name] = encoded[tensor.name].to(getattr(torch, tensor.dtype)).to(plan.device)
     return inputs
 
 
-def _tensor_batches(loaded: LoadedRecipe, spec: AccuracySpec) -> AccuracyData:
+def _tensor_batches(plan: GatePlan) -> AccuracyData:
     import safetensors.torch
 
-    path = accuracy_data_path(loaded)
+    spec, path = plan.spec, plan.data_path
     try:
         tensors = safetensors.torch.load_file(str(path))
     except Exception as error:  # the library's own error types: a file of the user's that is no safetensors
-        raise loaded.error(("validate", "accuracy", "data"), f"cannot read {path}: {error}") from None
-    names = [tensor.name for tensor in loaded.recipe.inputs.tensors]
+        raise plan.locator.error(("validate", "accuracy", "data"), f"cannot read {path}: {error}") from None
+    names = [tensor.name for tensor in plan.tensors]
     missing = [name for name in names if name not in tensors]
     if missing:
-        raise loaded.error(("validate", "accuracy", "data"), f"{path} holds no tensor for input(s) {', '.join(missing)}")
+        raise plan.locator.error(("validate", "accuracy", "data"), f"{path} holds no tensor for input(s) {', '.join(missing)}")
     count = tensors[names[0]].shape[0]
-    batch_size = _batch_size(loaded, spec)
-    device = loaded.recipe.model.device
+    batch_size = _batch_size(plan)
+    device = plan.device
     batches = [{name: tensors[name][start : start + batch_size].to(device) for name in names} for start in range(0, count, batch_size)]
     return AccuracyData(batches=batches, examples=count, source=spec.data)
 
@@ -261,9 +264,9 @@ class Gate:
         return measure(artifact, run, self.data, self.expected, self.spec)
 
 
-def make_gate(loaded: LoadedRecipe, eager: Callable[[Batch], Any], model: torch.nn.Module | None = None) -> Gate | None:
+def make_gate(plan: GatePlan | None, eager: Callable[[Batch], Any], model: torch.nn.Module | None = None) -> Gate | None:
     """The recipe's gate, eager's reference taken (``eager(batch)`` runs the float32 eager model); None without one."""
-    data = accuracy_data(loaded, model)
+    data = accuracy_data(plan, model)
     if data is None:
         return None
-    return Gate(spec=loaded.recipe.validate_.accuracy, data=data, expected=reference_outputs(eager, data))
+    return Gate(spec=plan.spec, data=data, expected=reference_outputs(eager, data))

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.errors import ValidationError
-from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory, tokenizer_source
+from aot.plan import DeploymentPlan
 
 log = logging.getLogger(__name__)
 
@@ -61,25 +61,25 @@ def transformers_model(model: Any) -> Any:
     return inner if hasattr(getattr(inner, "config", None), "to_json_string") else None
 
 
-def task_of(loaded: LoadedRecipe, model: Any) -> str:
+def task_of(plan: DeploymentPlan, model: Any) -> str:
     """What ``aot run`` prints for this model: ``decoder``, ``classifier``, ``vision`` or ``encoder``."""
-    if is_decoder_with_cache(loaded):
+    if plan.decoder_step:
         return "decoder"
     inner = transformers_model(model)
     name = type(inner).__name__ if inner is not None else ""
     if name.endswith(("ForSequenceClassification", "ForImageClassification")):
-        return "vision" if takes_pixels(loaded) else "classifier"
-    return "vision" if takes_pixels(loaded) else "encoder"
+        return "vision" if takes_pixels(plan) else "classifier"
+    return "vision" if takes_pixels(plan) else "encoder"
 
 
-def takes_pixels(loaded: LoadedRecipe) -> bool:
+def takes_pixels(plan: DeploymentPlan) -> bool:
     """Whether the build's inputs are images (a ``pixel_values`` input)."""
-    return any(tensor.name == "pixel_values" for tensor in loaded.recipe.inputs.tensors)
+    return plan.pixel_values is not None
 
 
-def write_deployment_files(loaded: LoadedRecipe, model: Any, directory: Path) -> Deployment:
+def write_deployment_files(plan: DeploymentPlan, model: Any, directory: Path) -> Deployment:
     """Write config, tokenizer, processor and generation config into ``directory``; check the tokenizer."""
-    deployment = Deployment(task=task_of(loaded, model))
+    deployment = Deployment(task=task_of(plan, model))
     inner = transformers_model(model)
     if inner is None:
         deployment.missing["config"] = f"{type(model).__name__} is no transformers model: it has no config.json"
@@ -91,47 +91,47 @@ def write_deployment_files(loaded: LoadedRecipe, model: Any, directory: Path) ->
             if generation is not None:
                 generation.save_pretrained(str(directory))
                 deployment.generation_config = "generation_config.json"
-    _write_tokenizer(loaded, directory, deployment, inner)
-    _write_processor(loaded, directory, deployment)
+    _write_tokenizer(plan, directory, deployment, inner)
+    _write_processor(plan, directory, deployment)
     return deployment
 
 
-def _write_tokenizer(loaded: LoadedRecipe, directory: Path, deployment: Deployment, inner: Any) -> None:
-    source = tokenizer_source(loaded)
+def _write_tokenizer(plan: DeploymentPlan, directory: Path, deployment: Deployment, inner: Any) -> None:
+    source = plan.tokenizer
     if source is None:
         if deployment.task != "vision":  # a vision model reads pixels: no tokenizer is missing
             deployment.missing["tokenizer"] = "the model is built from a config and the recipe names no tokenizer"
         return
     from aot.models import load_tokenizer
 
-    directory_of_source, key = source
-    tokenizer = load_tokenizer(loaded, directory_of_source, key)
+    key = source.key
+    tokenizer = load_tokenizer(source)
     vocabulary = getattr(inner.config.get_text_config(), "vocab_size", None) if inner is not None else None
     if vocabulary is not None and len(tokenizer) > vocabulary:
-        raise loaded.error(key[:-1], f"its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {vocabulary}")
+        raise source.error(f"its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {vocabulary}", key[:-1])
     before = {path.name for path in directory.iterdir()}
     tokenizer.save_pretrained(str(directory))
     deployment.tokenizer = sorted(path.name for path in directory.iterdir() if path.name not in before)
     deployment.tokenizer_source = ".".join(map(str, key[:-1]))  # a recipe key: no machine's path
-    deployment.texts_checked = check_shipped_tokenizer(loaded, directory, tokenizer)
+    deployment.texts_checked = check_shipped_tokenizer(plan, directory, tokenizer)
 
 
-def _write_processor(loaded: LoadedRecipe, directory: Path, deployment: Deployment) -> None:
+def _write_processor(plan: DeploymentPlan, directory: Path, deployment: Deployment) -> None:
     """The recipe's ``model.image_processor``, else the pretrained directory's processor files; checked."""
-    settings = loaded.recipe.model.image_processor
+    settings = plan.image_processor
     if settings is not None:
         if not isinstance(settings.get("image_processor_type"), str):
-            raise loaded.error(("model", "image_processor"), "needs an `image_processor_type` (e.g. ConvNextImageProcessor)")
+            raise plan.locator.error(("model", "image_processor"), "needs an `image_processor_type` (e.g. ConvNextImageProcessor)")
         path = directory / PROCESSOR_FILE
         path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
         deployment.processor.append(path.name)
-    elif loaded.recipe.model.pretrained is not None and (source := pretrained_directory(loaded) / PROCESSOR_FILE).is_file():
+    elif plan.pretrained is not None and (source := plan.pretrained / PROCESSOR_FILE).is_file():
         (directory / PROCESSOR_FILE).write_bytes(source.read_bytes())
         deployment.processor.append(PROCESSOR_FILE)
     elif deployment.task == "vision":
         deployment.missing["processor"] = "the model is built from a config and the recipe names no model.image_processor"
-    if deployment.processor and takes_pixels(loaded):
-        check_shipped_processor(loaded, directory)
+    if deployment.processor and takes_pixels(plan):
+        check_shipped_processor(plan, directory)
 
 
 def load_image_processor(directory: Path) -> Any:
@@ -151,7 +151,7 @@ def probe_image() -> Any:
     return image
 
 
-def check_shipped_processor(loaded: LoadedRecipe, directory: Path) -> None:
+def check_shipped_processor(plan: DeploymentPlan, directory: Path) -> None:
     """The shipped processor, loaded alone, turns an image into ``pixel_values`` of the shape the build takes.
 
     A processor that does not load is a recipe error naming ``model.image_processor`` (exit 2); one whose
@@ -162,12 +162,12 @@ def check_shipped_processor(loaded: LoadedRecipe, directory: Path) -> None:
         pixels = processor(images=[probe_image()], return_tensors="pt")["pixel_values"]
     except (OSError, ValueError, KeyError, TypeError, ImportError) as error:
         reason = f"the shipped image processor does not run: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
-        if loaded.recipe.model.image_processor is not None:
-            raise loaded.error(("model", "image_processor"), reason) from None
+        if plan.image_processor is not None:
+            raise plan.locator.error(("model", "image_processor"), reason) from None
         raise ValidationError(f"{directory}: {reason}") from None
-    tensor = next(tensor for tensor in loaded.recipe.inputs.tensors if tensor.name == "pixel_values")
+    tensor = plan.pixel_values
     for axis, (wanted, size) in enumerate(zip(tensor.shape[1:], pixels.shape[1:]), 1):
-        if not _admits(loaded, wanted, int(size)):
+        if not _admits(plan, wanted, int(size)):
             raise ValidationError(
                 f"{directory}: the shipped image processor gives pixel_values of shape {list(pixels.shape)}, "
                 f"but the build takes {tensor.shape} (axis {axis}: {size})"
@@ -175,11 +175,11 @@ def check_shipped_processor(loaded: LoadedRecipe, directory: Path) -> None:
     log.info("the shipped image processor gives pixel_values %s", list(pixels.shape))
 
 
-def _admits(loaded: LoadedRecipe, wanted: int | str, size: int) -> bool:
+def _admits(plan: DeploymentPlan, wanted: int | str, size: int) -> bool:
     """Whether an axis declared as ``wanted`` (a size, or a dim's name) takes ``size``."""
     if isinstance(wanted, int):
         return wanted == size
-    dim = loaded.recipe.inputs.dims[wanted]
+    dim = plan.dims[wanted]
     if not dim.dynamic:
         return dim.size == size
     return (dim.min or 1) <= size <= (dim.max or size)
@@ -195,18 +195,18 @@ PROBE_TEXTS = (
 )
 
 
-def texts_used(loaded: LoadedRecipe) -> list[str]:
+def texts_used(plan: DeploymentPlan) -> list[str]:
     """Every text the build tokenised (``inputs.texts``, then the accuracy gate's text data), then the probes."""
-    texts = list(loaded.recipe.inputs.texts or [])
-    accuracy = loaded.recipe.validate_.accuracy
-    if accuracy is not None and not accuracy.data.endswith(".safetensors") and accuracy.data != "texts":
+    texts = list(plan.texts)
+    gate = plan.gate
+    if gate is not None and gate.data_path is not None and gate.data_path.suffix != ".safetensors":
         from aot.accuracy import read_texts
 
-        texts += read_texts(loaded, accuracy)
+        texts += read_texts(gate)
     return list(dict.fromkeys([*texts, *PROBE_TEXTS]))
 
 
-def check_shipped_tokenizer(loaded: LoadedRecipe, directory: Path, reference: Any) -> int:
+def check_shipped_tokenizer(plan: DeploymentPlan, directory: Path, reference: Any) -> int:
     """The tokenizer in ``directory``, loaded alone, encodes every text as ``reference`` does; the count checked.
 
     A difference is a validation failure (exit 5) naming the text and the first position that differs.
@@ -217,7 +217,7 @@ def check_shipped_tokenizer(loaded: LoadedRecipe, directory: Path, reference: An
         shipped = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as error:
         raise ValidationError(f"{directory}: the shipped tokenizer does not load: {error}") from None
-    texts = texts_used(loaded)
+    texts = texts_used(plan)
     for text in texts:
         expected, actual = reference(text)["input_ids"], shipped(text)["input_ids"]
         if list(expected) != list(actual):

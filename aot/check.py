@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aot.recipe import LoadedRecipe, load_recipe, pretrained_directory
-from aot.recipe_ranges import shape_case_dims
+from aot.plan import ModelPlan, plan_build
+from aot.recipe import load_recipe
 
 
 @dataclass(frozen=True)
@@ -59,37 +59,37 @@ class CheckReport:
 
 def check_recipe(path: str | Path) -> CheckReport:
     """Raises :class:`aot.errors.RecipeError` on the first fault, exactly as ``aot build`` would."""
-    loaded = load_recipe(path)
+    plan = plan_build(load_recipe(path))
     from aot.model_blueprint import model_blueprint  # transformers: only once the recipe itself is sound
 
-    blueprint = model_blueprint(loaded)
+    blueprint = model_blueprint(plan.model)
     not_checked = ["numerical validation (needs the weights)"]
-    if loaded.recipe.model.device != "cpu":
-        not_checked.append(f"whether this machine has device '{loaded.recipe.model.device}'")
+    if plan.model.spec.device != "cpu":
+        not_checked.append(f"whether this machine has device '{plan.model.spec.device}'")
     if blueprint is None:
         not_checked.insert(0, "input names and sizes against the model (a factory model is known only once built)")
     elif blueprint.forward_class is None:
         not_checked.insert(0, f"input names (transformers cannot tell which class {blueprint.model_class.__name__} builds)")
     return CheckReport(
-        path=str(loaded.path),
-        name=loaded.name,
-        model=_model_source(loaded),
+        path=str(plan.recipe.path),
+        name=plan.name,
+        model=_model_source(plan.model),
         model_class=blueprint.forward_class.__name__ if blueprint and blueprint.forward_class else None,
-        passes=[step.name for step in loaded.passes],
-        graph_module_passes=[step.name for step in loaded.graph_module_passes],
+        passes=[step.name for step in plan.passes.passes],
+        graph_module_passes=[step.name for step in plan.export.graph_module_passes],
         dims={
             name: DimRange(size=dim.size, dynamic=dim.dynamic, min=dim.min, max=dim.max)
-            for name, dim in loaded.recipe.inputs.dims.items()
+            for name, dim in plan.inputs.spec.dims.items()
         },
-        validation_shapes=shape_case_dims(loaded),
+        validation_shapes=list(plan.inputs.case_dims),
         not_checked=not_checked,
     )
 
 
-def _model_source(loaded: LoadedRecipe) -> str:
-    spec = loaded.recipe.model
+def _model_source(plan: ModelPlan) -> str:
+    spec = plan.spec
     if spec.factory is not None:
         return f"factory: {spec.factory}"
     if spec.config is not None:
         return f"config: {spec.config['model_type']}"
-    return f"pretrained: {pretrained_directory(loaded)}"
+    return f"pretrained: {plan.pretrained}"

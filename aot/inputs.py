@@ -17,8 +17,7 @@ import torch
 
 from aot.model_blueprint import check_forward_accepts
 from aot.models import forward_parameters, load_tokenizer
-from aot.recipe import LoadedRecipe, is_decoder_with_cache
-from aot.recipe_ranges import shape_case_dims
+from aot.plan import InputsPlan, ModelPlan
 from aot.recipe_schema import TensorSpec
 
 
@@ -32,72 +31,80 @@ class ShapeCase:
         return ",".join(f"{name}={size}" for name, size in self.dims.items()) or "static"
 
 
-def check_input_names(loaded: LoadedRecipe, model: torch.nn.Module) -> None:
+def check_input_names(plan: ModelPlan, model: torch.nn.Module) -> None:
     """The built model's forward takes every input the recipe names (a factory model has no earlier check)."""
-    if is_decoder_with_cache(loaded):
-        model = _decoder_step(loaded, model).causal_lm  # the step's inputs are made for it
-    check_forward_accepts(loaded, type(model).__name__, forward_parameters(model))
+    if plan.decoder_step:
+        model = _decoder_step(model).causal_lm  # the step's inputs are made for it
+    check_forward_accepts(plan, type(model).__name__, forward_parameters(model))
 
 
-def dynamic_axes(loaded: LoadedRecipe, model: torch.nn.Module | None = None) -> dict[str, dict[int, str]]:
+def dynamic_axes(plan: InputsPlan, model: torch.nn.Module | None = None) -> dict[str, dict[int, str]]:
     """``{input: {axis: dim name}}`` for every dynamic dim, the form ONNX and torch.export take.
 
     A decoder's KV-cache step (``generation.cache``; ``model`` is then the step) has its own.
     """
-    if is_decoder_with_cache(loaded):
-        return _decoder_step(loaded, model).dynamic_axes()
-    dims = loaded.recipe.inputs.dims
+    if plan.decoder_step:
+        return _decoder_step(model).dynamic_axes()
+    dims = plan.spec.dims
     axes: dict[str, dict[int, str]] = {}
-    for tensor in loaded.recipe.inputs.tensors:
+    for tensor in plan.spec.tensors:
         named = {axis: dim for axis, dim in enumerate(tensor.shape) if isinstance(dim, str) and dims[dim].dynamic}
         if named:
             axes[tensor.name] = named
     return axes
 
 
-def onnx_input_names(loaded: LoadedRecipe, model: torch.nn.Module) -> dict[str, str]:
+def onnx_input_names(plan: InputsPlan, model: torch.nn.Module) -> dict[str, str]:
     """``{input name: ONNX input name}`` where they differ: a decoder step's past (``past_key_values.0.key``)."""
-    return _decoder_step(loaded, model).onnx_input_names() if is_decoder_with_cache(loaded) else {}
+    return _decoder_step(model).onnx_input_names() if plan.decoder_step else {}
 
 
-def dim_ranges(loaded: LoadedRecipe, model: torch.nn.Module | None = None) -> dict[str, tuple[int | None, int | None]]:
-    if is_decoder_with_cache(loaded):
-        return _decoder_step(loaded, model).dim_ranges()
-    return {name: (dim.min, dim.max) for name, dim in loaded.recipe.inputs.dims.items() if dim.dynamic}
+def dim_ranges(plan: InputsPlan, model: torch.nn.Module | None = None) -> dict[str, tuple[int | None, int | None]]:
+    if plan.decoder_step:
+        return _decoder_step(model).dim_ranges()
+    return {name: (dim.min, dim.max) for name, dim in plan.spec.dims.items() if dim.dynamic}
 
 
-def shape_cases(loaded: LoadedRecipe, model: torch.nn.Module) -> list[ShapeCase]:
-    if is_decoder_with_cache(loaded):
-        step = _decoder_step(loaded, model)
-        seed = loaded.recipe.model.seed
-        return [ShapeCase(dims=sizes, inputs=step.case_inputs(sizes, seed + index)) for index, sizes in enumerate(step.check_sizes())]
+def texts_tokenizer(plan: InputsPlan) -> Any:
+    """The tokenizer that encodes ``inputs.texts`` (the pretrained model's); None without texts."""
+    if not plan.spec.texts:
+        return None
+    if plan.texts_tokenizer is None:
+        raise plan.locator.error(("inputs", "texts"), "texts need a pretrained model directory that holds a tokenizer")
+    return load_tokenizer(plan.texts_tokenizer)
+
+
+def shape_cases(plan: InputsPlan, model: torch.nn.Module) -> list[ShapeCase]:
+    if plan.decoder_step:
+        step = _decoder_step(model)
+        return [ShapeCase(dims=sizes, inputs=step.case_inputs(sizes, plan.seed + index)) for index, sizes in enumerate(step.check_sizes())]
     # load_recipe has checked validate.shapes against the dims.
-    texts_tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
+    tokenizer = texts_tokenizer(plan)
     return [
-        ShapeCase(dims=dims, inputs=make_inputs(loaded, model, dims, seed=loaded.recipe.model.seed + index, tokenizer=texts_tokenizer))
-        for index, dims in enumerate(shape_case_dims(loaded))
+        ShapeCase(dims=dims, inputs=make_inputs(plan, model, dims, seed=plan.seed + index, tokenizer=tokenizer))
+        for index, dims in enumerate(plan.case_dims)
     ]
 
 
-def _decoder_step(loaded: LoadedRecipe, model: torch.nn.Module | None):
+def _decoder_step(model: torch.nn.Module | None):
     from aot.decoding.keyword_step import DecoderStep
 
     if not isinstance(model, DecoderStep):
-        raise TypeError(f"{loaded.path}: generation.cache builds a DecoderStep, not {type(model).__name__}")
+        raise TypeError(f"generation.cache builds a DecoderStep, not {type(model).__name__}")
     return model
 
 
 def make_inputs(
-    loaded: LoadedRecipe, model: torch.nn.Module, dims: dict[str, int], seed: int, tokenizer: Any = None
+    plan: InputsPlan, model: torch.nn.Module, dims: dict[str, int], seed: int, tokenizer: Any = None
 ) -> dict[str, torch.Tensor]:
-    device = loaded.recipe.model.device
+    device = plan.device
     if tokenizer is not None:
-        return _tokenized_inputs(loaded, tokenizer, dims, device)
+        return _tokenized_inputs(plan, tokenizer, dims, device)
     generator = torch.Generator().manual_seed(seed)
     config = getattr(model, "config", None)
     return {
         tensor.name: _random_tensor(tensor, [dims[d] if isinstance(d, str) else d for d in tensor.shape], config, generator).to(device)
-        for tensor in loaded.recipe.inputs.tensors
+        for tensor in plan.spec.tensors
     }
 
 
@@ -138,21 +145,24 @@ def _default_high(name: str, config: Any) -> int:
     return 2
 
 
-def _tokenized_inputs(loaded: LoadedRecipe, tokenizer: Any, dims: dict[str, int], device: str) -> dict[str, torch.Tensor]:
-    first = loaded.recipe.inputs.tensors[0]
+def _tokenized_inputs(plan: InputsPlan, tokenizer: Any, dims: dict[str, int], device: str) -> dict[str, torch.Tensor]:
+    first = plan.spec.tensors[0]
     if len(first.shape) != 2 or not all(isinstance(d, str) for d in first.shape):
-        raise loaded.error(("inputs", "tensors", 0, "shape"), "texts need inputs shaped [batch_dim, sequence_dim]")
+        raise plan.locator.error(("inputs", "tensors", 0, "shape"), "texts need inputs shaped [batch_dim, sequence_dim]")
     batch_dim, sequence_dim = first.shape
-    texts = list(itertools.islice(itertools.cycle(loaded.recipe.inputs.texts), dims[batch_dim]))
+    texts = list(itertools.islice(itertools.cycle(plan.spec.texts), dims[batch_dim]))
     encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=dims[sequence_dim], return_tensors="pt")
     inputs = {}
-    for index, tensor in enumerate(loaded.recipe.inputs.tensors):
+    for index, tensor in enumerate(plan.spec.tensors):
         if tensor.name not in encoded:
-            raise loaded.error(
+            raise plan.locator.error(
                 ("inputs", "tensors", index, "name"), f"the tokenizer gives no '{tensor.name}' (it gives: {', '.join(encoded)})"
             )
         inputs[tensor.name] = encoded[tensor.name].to(getattr(torch, tensor.dtype)).to(device)
     return inputs
 
 
-__all__ = ["ShapeCase", "check_input_names", "dim_ranges", "dynamic_axes", "forward_parameters", "make_inputs", "onnx_input_names", "shape_cases"]
+__all__ = [
+    "ShapeCase", "check_input_names", "dim_ranges", "dynamic_axes", "forward_parameters", "make_inputs", "onnx_input_names",
+    "shape_cases", "texts_tokenizer",
+]

@@ -15,7 +15,7 @@ from typing import Any
 
 from aot.compat.transformers_cache import CACHE_ARGUMENT_NAMES, is_cache_argument
 from aot.errors import first_line
-from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
+from aot.plan import ModelPlan
 from aot.tracing.dummy_inputs import forward_parameters
 from aot.recipe_ranges import POSITION_LIMIT_KEYS, check_position_limit
 
@@ -29,83 +29,84 @@ class Blueprint:
     forward_class: type | None  # the class whose forward runs (AutoModel resolved), when transformers can tell
 
 
-def model_blueprint(loaded: LoadedRecipe) -> Blueprint | None:
+def model_blueprint(plan: ModelPlan) -> Blueprint | None:
     """The config and class of ``model.config`` or ``model.pretrained``, checked; None for a factory."""
-    spec = loaded.recipe.model
+    spec = plan.spec
     if spec.factory is not None:
         return None
-    config = _inline_config(loaded) if spec.config is not None else _pretrained_config(loaded)
-    model_class = requested_class(loaded)
+    config = _inline_config(plan) if spec.config is not None else _pretrained_config(plan)
+    model_class = requested_class(plan)
     blueprint = Blueprint(config=config, model_class=model_class, forward_class=_concrete_class(model_class, config))
     if blueprint.forward_class is not None:
-        check_forward_accepts(loaded, blueprint.forward_class.__name__, forward_parameters(blueprint.forward_class))
+        check_forward_accepts(plan, blueprint.forward_class.__name__, forward_parameters(blueprint.forward_class))
     return blueprint
 
 
-def check_forward_accepts(loaded: LoadedRecipe, owner: str, accepted: list[str]) -> None:
+def check_forward_accepts(plan: ModelPlan, owner: str, accepted: list[str]) -> None:
     """Every input the recipe names is a parameter of ``owner``'s forward, whose parameters are ``accepted``.
 
     With ``generation.cache`` the inputs come from the model, which must take a KV cache.
     """
-    if is_decoder_with_cache(loaded):
+    if plan.decoder_step:
         if not any(is_cache_argument(name) for name in accepted):
-            raise loaded.error(("model", "class"), f"generation.cache needs a causal LM that takes a KV cache (e.g. "
+            raise plan.locator.error(("model", "class"), f"generation.cache needs a causal LM that takes a KV cache (e.g. "
                                f"LlamaForCausalLM); {owner}.forward takes neither {' nor '.join(CACHE_ARGUMENT_NAMES)}")
         return
-    for index, tensor in enumerate(loaded.recipe.inputs.tensors):
-        if tensor.name not in accepted:
-            raise loaded.error(
+    for index, name in enumerate(plan.input_names):
+        if name not in accepted:
+            raise plan.locator.error(
                 ("inputs", "tensors", index, "name"),
-                f"{owner}.forward has no input '{tensor.name}' (it takes: {', '.join(accepted)})",
+                f"{owner}.forward has no input '{name}' (it takes: {', '.join(accepted)})",
             )
-    if not loaded.recipe.inputs.tensors:
-        raise loaded.error(("inputs",), "name at least one input tensor under inputs.tensors")
+    if not plan.input_names:
+        raise plan.locator.error(("inputs",), "name at least one input tensor under inputs.tensors")
 
 
-def requested_class(loaded: LoadedRecipe) -> type:
+def requested_class(plan: ModelPlan) -> type:
     import transformers
 
-    name = loaded.recipe.model.model_class or "AutoModel"
+    name = plan.spec.model_class or "AutoModel"
     cls = getattr(transformers, name, None)
     if not isinstance(cls, type):
-        raise loaded.error(("model", "class"), f"transformers has no class '{name}'")
+        raise plan.locator.error(("model", "class"), f"transformers has no class '{name}'")
     return cls
 
 
-def _inline_config(loaded: LoadedRecipe) -> Any:
+def _inline_config(plan: ModelPlan) -> Any:
     from transformers import AutoConfig
 
-    overrides = dict(loaded.recipe.model.config)
+    overrides = dict(plan.spec.config)
     model_type = overrides.pop("model_type")
     try:
         defaults = AutoConfig.for_model(model_type)
     except ValueError:
-        raise loaded.error(("model", "config", "model_type"), f"unknown transformers model_type '{model_type}'") from None
+        raise plan.locator.error(("model", "config", "model_type"), f"unknown transformers model_type '{model_type}'") from None
     known = set(defaults.to_dict()) | set(getattr(defaults, "attribute_map", {}))
     for key, value in overrides.items():
         # A special token id (T5's decoder_start_token_id) is read by the model from its config, though the
         # config class may not declare it: checkpoints carry it, so a recipe may too.
         token_id = key.endswith("_token_id") and (value is None or isinstance(value, int))
         if key not in known and not hasattr(defaults, key) and not token_id:
-            raise loaded.error(("model", "config", key), f"unknown {type(defaults).__name__} key")
+            raise plan.locator.error(("model", "config", key), f"unknown {type(defaults).__name__} key")
     try:
         config = AutoConfig.for_model(model_type, **overrides)
     except (ValueError, TypeError) as error:
-        raise loaded.error(("model", "config"), f"not a valid {type(defaults).__name__}: {first_line(error)}") from None
+        raise plan.locator.error(("model", "config"), f"not a valid {type(defaults).__name__}: {first_line(error)}") from None
     stated = any(key in overrides for key in POSITION_LIMIT_KEYS)
-    check_position_limit(loaded, config.to_dict(), "set in model.config" if stated else f"{type(config).__name__}'s default")
+    source = "set in model.config" if stated else f"{type(config).__name__}'s default"
+    check_position_limit(list(plan.sequence_demands), config.to_dict(), source, plan.locator)
     return config
 
 
-def _pretrained_config(loaded: LoadedRecipe) -> Any:
+def _pretrained_config(plan: ModelPlan) -> Any:
     # load_recipe has read config.json as JSON and checked its position limit already.
     from transformers import AutoConfig
 
-    directory = pretrained_directory(loaded)
+    directory = plan.pretrained
     try:
         return AutoConfig.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as error:
-        raise loaded.error(("model", "pretrained"), f"cannot read {directory / 'config.json'}: {first_line(error)}") from None
+        raise plan.locator.error(("model", "pretrained"), f"cannot read {directory / 'config.json'}: {first_line(error)}") from None
 
 
 def _concrete_class(model_class: type, config: Any) -> type | None:

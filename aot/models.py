@@ -27,7 +27,8 @@ import torch
 
 from aot.errors import AotError, first_line
 from aot.model_blueprint import Blueprint, model_blueprint
-from aot.recipe import LoadedRecipe, is_decoder_with_cache, pretrained_directory
+from aot.plan import ModelPlan
+from aot.recipe_locator import Located
 from aot.weights_dtype import keep_weights_narrow
 from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.validate use it from here
 
@@ -40,7 +41,7 @@ WEIGHTS_SUFFIXES = (".safetensors", ".bin")
 
 
 def load_model(
-    loaded: LoadedRecipe, while_weights_load: AbstractContextManager[Any] | None = None, narrow_weights: bool = True
+    plan: ModelPlan, while_weights_load: AbstractContextManager[Any] | None = None, narrow_weights: bool = True
 ) -> torch.nn.Module:
     """The recipe's eager model, in eval mode, on its device and dtype.
 
@@ -51,135 +52,131 @@ def load_model(
     its class is imported (:func:`aot.imports_beside.imports_beside` imports the export stack
     there). A factory is the recipe's own code, and runs alone.
     """
-    spec = loaded.recipe.model
-    device = _available_device(loaded)
+    spec = plan.spec
+    device = _available_device(plan)
     torch.manual_seed(spec.seed)
     if spec.factory is not None:
-        model = _from_factory(loaded)
+        model = _from_factory(plan)
     else:
-        blueprint = model_blueprint(loaded)  # checks config, input names and sizes before any weight exists
+        blueprint = model_blueprint(plan)  # checks config, input names and sizes before any weight exists
         with while_weights_load or nullcontext():
-            model = _from_config(loaded, blueprint) if spec.config is not None else _from_pretrained(loaded, blueprint, narrow_weights)
+            model = _from_config(plan, blueprint) if spec.config is not None else _from_pretrained(plan, blueprint, narrow_weights)
     if spec.weights_dtype is None or not narrow_weights:
         model = model.to(device=device, dtype=getattr(torch, spec.dtype)).eval()
     else:  # loaded in the checkpoint's dtype: widened where used, not here
         keep_weights_narrow(model, getattr(torch, spec.dtype))
         model = model.to(device=device).eval()
     log.info("loaded %s with %d parameters", type(model).__name__, sum(p.numel() for p in model.parameters()))
-    if is_decoder_with_cache(loaded):  # the build's model is then the KV-cache step around it
+    if plan.decoder_step:  # the build's model is then the KV-cache step around it
         from aot.decoding.keyword_step import DecoderStep
 
         try:
-            model = DecoderStep(model, last_logits_only=loaded.recipe.generation.logits == "last").eval()
+            model = DecoderStep(model, last_logits_only=plan.decoder_logits == "last").eval()
         except ValueError as error:
-            raise loaded.error(("generation", "logits"), str(error)) from None
+            raise plan.locator.error(("generation", "logits"), str(error)) from None
     return model
 
 
-def _available_device(loaded: LoadedRecipe) -> torch.device:
+def _available_device(plan: ModelPlan) -> torch.device:
     try:
-        device = torch.device(loaded.recipe.model.device)
+        device = torch.device(plan.spec.device)
     except RuntimeError as error:
-        raise loaded.error(("model", "device"), f"'{loaded.recipe.model.device}' is no torch device: {error}") from None
+        raise plan.locator.error(("model", "device"), f"'{plan.spec.device}' is no torch device: {error}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise loaded.error(("model", "device"), f"'{device}' is asked for, but this machine's torch sees no CUDA device")
+        raise plan.locator.error(("model", "device"), f"'{device}' is asked for, but this machine's torch sees no CUDA device")
     return device
 
 
-def load_tokenizer(loaded: LoadedRecipe, directory: Path | None = None, key: tuple = ("model", "pretrained")) -> Any:
-    """The tokenizer in ``directory`` (``key`` names it in errors); by default the pretrained model's."""
-    if directory is None:
-        if loaded.recipe.model.pretrained is None:
-            raise loaded.error(("inputs", "texts"), "texts need a pretrained model directory that holds a tokenizer")
-        directory = pretrained_directory(loaded)
+def load_tokenizer(source: Located) -> Any:
+    """The tokenizer in ``source``'s directory; an error names the recipe key it came from."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
     except (OSError, ValueError) as error:
-        raise loaded.error(key, f"cannot load its tokenizer: {first_line(error)}") from None
+        raise source.error(f"cannot load its tokenizer: {first_line(error)}") from None
 
 
-def _from_factory(loaded: LoadedRecipe) -> torch.nn.Module:
-    spec = loaded.recipe.model
+def _from_factory(plan: ModelPlan) -> torch.nn.Module:
+    spec = plan.spec
     module_name, _, function_name = spec.factory.partition(":")
     if not function_name:
-        raise loaded.error(("model", "factory"), f"'{spec.factory}' is not of the form package.module:function")
+        raise plan.locator.error(("model", "factory"), f"'{spec.factory}' is not of the form package.module:function")
     try:
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
-        raise loaded.error(("model", "factory"), f"cannot import '{spec.factory}': {first_line(error)}") from None
-    _check_factory_kwargs(loaded, function)
+        raise plan.locator.error(("model", "factory"), f"cannot import '{spec.factory}': {first_line(error)}") from None
+    _check_factory_kwargs(plan, function)
     try:
         model = function(**spec.factory_kwargs)
     except AotError:
         raise
     except Exception as error:  # the factory is the recipe's code: its failure is the recipe's
-        raise loaded.error(("model", "factory"), f"'{spec.factory}' raised {type(error).__name__}: {first_line(error)}") from None
+        raise plan.locator.error(("model", "factory"), f"'{spec.factory}' raised {type(error).__name__}: {first_line(error)}") from None
     if not isinstance(model, torch.nn.Module):
-        raise loaded.error(("model", "factory"), f"'{spec.factory}' returned {type(model).__name__}, not an nn.Module")
+        raise plan.locator.error(("model", "factory"), f"'{spec.factory}' returned {type(model).__name__}, not an nn.Module")
     return model
 
 
-def _check_factory_kwargs(loaded: LoadedRecipe, function: Callable) -> None:
+def _check_factory_kwargs(plan: ModelPlan, function: Callable) -> None:
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
         return  # no signature to check against (a builtin): calling it says what is wrong
     try:
-        signature.bind(**loaded.recipe.model.factory_kwargs)
+        signature.bind(**plan.spec.factory_kwargs)
     except TypeError as error:
         # Names and defaults only: annotations may be unevaluated strings, and are noise here.
         bare = signature.replace(
             parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
             return_annotation=signature.empty,
         )
-        raise loaded.error(
-            ("model", "factory_kwargs"), f"do not fit {loaded.recipe.model.factory}{bare}: {first_line(error)}"
+        raise plan.locator.error(
+            ("model", "factory_kwargs"), f"do not fit {plan.spec.factory}{bare}: {first_line(error)}"
         ) from None
 
 
-def _attention_kwargs(loaded: LoadedRecipe) -> dict[str, Any]:
-    implementation = loaded.recipe.model.attn_implementation
+def _attention_kwargs(plan: ModelPlan) -> dict[str, Any]:
+    implementation = plan.spec.attn_implementation
     return {"attn_implementation": implementation} if implementation else {}
 
 
-def _from_config(loaded: LoadedRecipe, blueprint: Blueprint) -> torch.nn.Module:
+def _from_config(plan: ModelPlan, blueprint: Blueprint) -> torch.nn.Module:
     cls = blueprint.model_class
     try:
         if hasattr(cls, "from_config"):
-            return cls.from_config(blueprint.config, **_attention_kwargs(loaded))
-        return cls._from_config(blueprint.config, **_attention_kwargs(loaded))
+            return cls.from_config(blueprint.config, **_attention_kwargs(plan))
+        return cls._from_config(blueprint.config, **_attention_kwargs(plan))
     except (ValueError, TypeError) as error:
-        raise loaded.error(("model", "class"), f"cannot build {cls.__name__} from this config: {first_line(error)}") from None
+        raise plan.locator.error(("model", "class"), f"cannot build {cls.__name__} from this config: {first_line(error)}") from None
 
 
-def _from_pretrained(loaded: LoadedRecipe, blueprint: Blueprint, narrow_weights: bool = True) -> torch.nn.Module:
-    directory = pretrained_directory(loaded)
+def _from_pretrained(plan: ModelPlan, blueprint: Blueprint, narrow_weights: bool = True) -> torch.nn.Module:
+    directory = plan.pretrained
     weights = sorted(path for path in directory.iterdir() if path.suffix in WEIGHTS_SUFFIXES)
     for path in weights:
         if path.suffix == ".safetensors":
-            _check_safetensors(loaded, path)
+            _check_safetensors(plan, path)
     from transformers.utils import logging as transformers_logging
 
     # transformers draws a "Loading weights" bar on stderr, which is the error line's (aot's stages report progress).
     transformers_logging.disable_progress_bar()
     try:
-        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **_dtype_kwargs(loaded, narrow_weights),
-                                                     **_attention_kwargs(loaded))
+        return blueprint.model_class.from_pretrained(str(directory), local_files_only=True, **_dtype_kwargs(plan, narrow_weights),
+                                                     **_attention_kwargs(plan))
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         # Reading the user's files: a torch checkpoint truncated or not a checkpoint at all, shapes that do not match.
         names = ", ".join(path.name for path in weights) or "no weights file"
-        raise loaded.error(("model", "pretrained"), f"cannot load {directory} ({names}): {first_line(error)}") from None
+        raise plan.locator.error(("model", "pretrained"), f"cannot load {directory} ({names}): {first_line(error)}") from None
 
 
-def _dtype_kwargs(loaded: LoadedRecipe, narrow_weights: bool) -> dict[str, Any]:
+def _dtype_kwargs(plan: ModelPlan, narrow_weights: bool) -> dict[str, Any]:
     """The checkpoint's own dtype where the recipe keeps the weights narrow (transformers then maps the file)."""
-    weights_dtype = loaded.recipe.model.weights_dtype
+    weights_dtype = plan.spec.weights_dtype
     return {"dtype": getattr(torch, weights_dtype)} if weights_dtype is not None and narrow_weights else {}
 
 
-def _check_safetensors(loaded: LoadedRecipe, path: Path) -> None:
+def _check_safetensors(plan: ModelPlan, path: Path) -> None:
     """Reads the header only: a truncated or garbled file fails here, named, rather than inside transformers."""
     from safetensors import SafetensorError, safe_open
 
@@ -187,4 +184,4 @@ def _check_safetensors(loaded: LoadedRecipe, path: Path) -> None:
         with safe_open(str(path), framework="pt"):
             pass
     except (SafetensorError, OSError) as error:
-        raise loaded.error(("model", "pretrained"), f"weights file {path} is corrupt or truncated: {first_line(error)}") from None
+        raise plan.locator.error(("model", "pretrained"), f"weights file {path} is corrupt or truncated: {first_line(error)}") from None

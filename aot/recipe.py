@@ -14,20 +14,26 @@ import hashlib
 import json
 import typing
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pydantic
 
 from aot.errors import RecipeError, did_you_mean, first_line
-from aot.recipe_ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes
+from aot.recipe_locator import Located, RecipeLocator, line_for
+from aot.recipe_ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes, sequence_demands
 from aot.recipe_schema import FidelitySpec, PassSpec, Recipe
 from aot.recipe_yaml import Location, dotted, parse_recipe_yaml, read_recipe_text
 
 
 @dataclass
 class LoadedRecipe:
-    """A parsed recipe plus what is needed to point at its lines."""
+    """A parsed recipe plus what is needed to point at its lines.
+
+    What a build needs from it is resolved once (paths, the tokenizer's source) and taken
+    apart into the sections each stage takes by :func:`aot.plan.plan_build`: no stage takes this.
+    """
 
     path: Path
     recipe: Recipe
@@ -44,13 +50,16 @@ class LoadedRecipe:
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
+    @cached_property
+    def locator(self) -> RecipeLocator:
+        return RecipeLocator(self.path, self.lines)
+
     def where(self, *location: str | int) -> str:
         """``file:line`` of the deepest part of ``location`` the file spells out."""
-        return f"{self.path}:{_line_for(self.lines, location)}"
+        return self.locator.where(*location)
 
     def error(self, location: Location, message: str) -> RecipeError:
-        key = dotted(location)
-        return RecipeError(f"{self.where(*location)}: {key}: {message}" if key else f"{self.where()}: {message}")
+        return self.locator.error(location, message)
 
     def resolved(self) -> dict[str, Any]:
         """The recipe with every default filled in, as JSON-ready data."""
@@ -59,6 +68,42 @@ class LoadedRecipe:
         data["passes"] = [spec.model_dump(mode="json") for spec in self.passes]
         data["export"]["graph_module"]["passes"] = [spec.model_dump(mode="json") for spec in self.graph_module_passes]
         return data
+
+    @cached_property
+    def pretrained_directory(self) -> Path | None:
+        """``model.pretrained``, resolved (under ``model.package`` when given); None for a model from config or factory."""
+        model = self.recipe.model
+        if model.pretrained is None:
+            return None
+        return _resolved_directory(self, model.pretrained, model.package, ("model", "package"))
+
+    @cached_property
+    def tokenizer(self) -> Located | None:
+        """The directory whose tokenizer encodes text, and the recipe key that names it: the accuracy gate's own,
+        else a decoder's (``generation.tokenizer``), else the pretrained model's; None if none."""
+        accuracy, generation = self.recipe.validate_.accuracy, self.recipe.generation
+        for source, prefix in ((accuracy.tokenizer if accuracy is not None else None, ("validate", "accuracy", "tokenizer")),
+                               (generation.tokenizer if generation is not None else None, ("generation", "tokenizer"))):
+            if source is not None:
+                directory = _resolved_directory(self, source.pretrained, source.package, prefix + ("package",))
+                return Located(directory, prefix + ("pretrained",), self.locator)
+        if self.pretrained_directory is not None:
+            return Located(self.pretrained_directory, ("model", "pretrained"), self.locator)
+        return None
+
+    @cached_property
+    def accuracy_data_path(self) -> Path | None:
+        """The accuracy gate's data file, relative to the recipe file; None without one (no gate, or ``texts``)."""
+        accuracy = self.recipe.validate_.accuracy
+        if accuracy is None or accuracy.data == "texts":
+            return None
+        return (self.path.parent / accuracy.data).resolve()
+
+    @cached_property
+    def fidelity_prompts_path(self) -> Path | None:
+        """The fidelity gate's prompts file, relative to the recipe file; None without the gate."""
+        fidelity = fidelity_gate(self)
+        return (self.path.parent / fidelity.prompts).resolve() if fidelity is not None else None
 
 
 def load_recipe(path: str | Path) -> LoadedRecipe:
@@ -72,8 +117,9 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     except pydantic.ValidationError as error:
         raise _pydantic_error(path, lines, error, rename={"validate_": "validate"}, model=Recipe) from None
     loaded = LoadedRecipe(path=path, recipe=recipe, passes=[], text=text, lines=lines)
-    check_validation_shapes(loaded)
-    check_cuda_graph_buckets(loaded)
+    inputs = recipe.inputs
+    check_validation_shapes(inputs.dims, recipe.validate_.shapes, loaded.locator)
+    check_cuda_graph_buckets(recipe.export.graph_module.cuda_graphs, inputs.dims, is_decoder_with_cache(loaded), loaded.locator)
     # The pass registry imports torch (seconds): everything above is reported without it.
     loaded.passes = _resolve_passes(loaded, loaded.recipe.passes, ("passes",))
     loaded.graph_module_passes = _resolve_passes(
@@ -140,7 +186,7 @@ def _check_accuracy_gate(loaded: LoadedRecipe) -> None:
         if not loaded.recipe.inputs.texts:
             raise loaded.error(("validate", "accuracy", "data"), "`texts` names inputs.texts, which this recipe does not give")
     else:
-        path = accuracy_data_path(loaded)
+        path = loaded.accuracy_data_path
         if not path.is_file():
             raise loaded.error(("validate", "accuracy", "data"), f"data file not found: {path}")
         if path.suffix not in (".txt", ".jsonl", ".safetensors"):
@@ -166,31 +212,11 @@ def _check_fidelity_gate(loaded: LoadedRecipe, changing: list[tuple[Location, Pa
                            "generation.fidelity with the prompts and the thresholds every artifact must meet")
     if fidelity is None:
         return
-    if not fidelity_prompts_path(loaded).is_file():
-        raise loaded.error(("generation", "fidelity", "prompts"), f"prompts file not found: {fidelity_prompts_path(loaded)}")
+    if not loaded.fidelity_prompts_path.is_file():
+        raise loaded.error(("generation", "fidelity", "prompts"), f"prompts file not found: {loaded.fidelity_prompts_path}")
     if tokenizer_directory(loaded) is None:
         raise loaded.error(("generation", "fidelity", "prompts"), "prompts need a tokenizer: model.pretrained, or "
                            "generation.tokenizer for a model built from a config")
-
-
-def fidelity_prompts_path(loaded: LoadedRecipe) -> Path:
-    """The fidelity gate's prompts file, relative to the recipe file."""
-    fidelity = fidelity_gate(loaded)
-    assert fidelity is not None
-    return (loaded.path.parent / fidelity.prompts).resolve()
-
-
-def accuracy_data_path(loaded: LoadedRecipe) -> Path:
-    """The accuracy data file, relative to the recipe file."""
-    assert loaded.recipe.validate_.accuracy is not None
-    return (loaded.path.parent / loaded.recipe.validate_.accuracy.data).resolve()
-
-
-def _line_for(lines: dict[Location, int], location: Location) -> int:
-    for cut in range(len(location), -1, -1):
-        if location[:cut] in lines:
-            return lines[location[:cut]]
-    return 1
 
 
 def _pydantic_error(
@@ -210,7 +236,7 @@ def _pydantic_error(
     more = len(error.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     key = dotted(location)
-    return RecipeError(f"{path}:{_line_for(lines, location)}: {key + ': ' if key else ''}{message}{suffix}")
+    return RecipeError(f"{path}:{line_for(lines, location)}: {key + ': ' if key else ''}{message}{suffix}")
 
 
 def _sibling_keys(model: type[pydantic.BaseModel] | None, location: tuple) -> list[str]:
@@ -282,7 +308,8 @@ def _check_files(loaded: LoadedRecipe) -> None:
         config_path = directory / "config.json"
         if not config_path.is_file():
             raise loaded.error(("model", "pretrained"), f"no config.json in pretrained directory {directory}")
-        check_position_limit(loaded, _read_json_object(loaded, config_path), str(config_path))
+        demands = sequence_demands(loaded.recipe.inputs, loaded.recipe.validate_.shapes)
+        check_position_limit(demands, _read_json_object(loaded, config_path), str(config_path), loaded.locator)
     if model.weights_dtype is not None:
         _check_weights_dtype(loaded)
 
@@ -329,28 +356,14 @@ def _read_json_object(loaded: LoadedRecipe, path: Path) -> dict[str, Any]:
 
 
 def pretrained_directory(loaded: LoadedRecipe) -> Path:
-    model = loaded.recipe.model
-    assert model.pretrained is not None
-    return _resolved_directory(loaded, model.pretrained, model.package, ("model", "package"))
-
-
-def tokenizer_source(loaded: LoadedRecipe) -> tuple[Path, Location] | None:
-    """The directory whose tokenizer encodes text, and the recipe key that names it: the accuracy gate's own,
-    else a decoder's (``generation.tokenizer``), else the pretrained model's; None if none."""
-    accuracy, generation = loaded.recipe.validate_.accuracy, loaded.recipe.generation
-    for source, prefix in ((accuracy.tokenizer if accuracy is not None else None, ("validate", "accuracy", "tokenizer")),
-                           (generation.tokenizer if generation is not None else None, ("generation", "tokenizer"))):
-        if source is not None:
-            return _resolved_directory(loaded, source.pretrained, source.package, prefix + ("package",)), prefix + ("pretrained",)
-    if loaded.recipe.model.pretrained is not None:
-        return pretrained_directory(loaded), ("model", "pretrained")
-    return None
+    """``model.pretrained`` resolved: see :attr:`LoadedRecipe.pretrained_directory`."""
+    assert loaded.pretrained_directory is not None
+    return loaded.pretrained_directory
 
 
 def tokenizer_directory(loaded: LoadedRecipe) -> Path | None:
-    """The directory of :func:`tokenizer_source`; None if the recipe has no tokenizer."""
-    source = tokenizer_source(loaded)
-    return source[0] if source is not None else None
+    """The directory of :attr:`LoadedRecipe.tokenizer`; None if the recipe has no tokenizer."""
+    return loaded.tokenizer.path if loaded.tokenizer is not None else None
 
 
 def _resolved_directory(loaded: LoadedRecipe, relative: str, package: str | None, package_key: Location) -> Path:

@@ -10,12 +10,12 @@ run. Nothing here needs torch or transformers.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from aot.recipe_locator import RecipeLocator
+from aot.recipe_schema import DimSpec, InputsSpec
 from aot.recipe_yaml import Location
-
-if TYPE_CHECKING:
-    from aot.recipe import LoadedRecipe
 
 POSITION_LIMIT_KEYS = ("max_position_embeddings", "n_positions")  # n_positions: GPT-2's name for it
 """Config keys for the longest sequence a model has position embeddings for, in the order looked up."""
@@ -28,57 +28,66 @@ TOKEN_INPUT_SUFFIXES = ("input_ids", "inputs_embeds")
 """Inputs whose axis 1 is the sequence that position embeddings index (decoder_input_ids included)."""
 
 
-def check_validation_shapes(loaded: LoadedRecipe) -> None:
+@dataclass(frozen=True)
+class SequenceDemand:
+    """The longest sequence the build feeds a token input (axis 1), with the recipe key that asks for it."""
+
+    input_name: str
+    size: int
+    location: Location
+    what: str  # how the message says it: "dim 'sequence' max 512"
+
+
+def check_validation_shapes(dims: Mapping[str, DimSpec], shapes: list[dict[str, int]], locator: RecipeLocator) -> None:
     """Each ``validate.shapes`` entry names a dim, changes only dynamic ones, and stays in the dim's range."""
-    dims = loaded.recipe.inputs.dims
-    for index, shape in enumerate(loaded.recipe.validate_.shapes):
+    for index, shape in enumerate(shapes):
         for name, size in shape.items():
             location = ("validate", "shapes", index, name)
             dim = dims.get(name)
             if dim is None:
-                raise loaded.error(location, f"no dim '{name}' under inputs.dims")
+                raise locator.error(location, f"no dim '{name}' under inputs.dims")
             if size != dim.size and not dim.dynamic:
-                raise loaded.error(location, f"dim '{name}' is not dynamic, so it stays {dim.size}")
+                raise locator.error(location, f"dim '{name}' is not dynamic, so it stays {dim.size}")
             if size < (dim.min or 1):
-                raise loaded.error(location, f"{size} is below the min {dim.min or 1} of dim '{name}'")
+                raise locator.error(location, f"{size} is below the min {dim.min or 1} of dim '{name}'")
             if dim.max is not None and size > dim.max:
-                raise loaded.error(location, f"{size} is above the max {dim.max} of dim '{name}'")
+                raise locator.error(location, f"{size} is above the max {dim.max} of dim '{name}'")
 
 
-def check_cuda_graph_buckets(loaded: LoadedRecipe) -> None:
+def check_cuda_graph_buckets(
+    buckets: dict[str, list[int]] | None, dims: Mapping[str, DimSpec], decoder_step: bool, locator: RecipeLocator
+) -> None:
     """``export.graph_module.cuda_graphs`` names dynamic dims, sizes within their ranges, and no decoder step."""
-    buckets = loaded.recipe.export.graph_module.cuda_graphs
     if not buckets:
         return
     prefix = ("export", "graph_module", "cuda_graphs")
-    if loaded.recipe.generation is not None and loaded.recipe.generation.cache:
-        raise loaded.error(prefix, "a decoder step's past grows every call: CUDA graph buckets are for encoders")
-    dims = loaded.recipe.inputs.dims
+    if decoder_step:
+        raise locator.error(prefix, "a decoder step's past grows every call: CUDA graph buckets are for encoders")
     for name, sizes in buckets.items():
         dim = dims.get(name)
         if dim is None or not dim.dynamic:
-            raise loaded.error(prefix + (name,), f"'{name}' is no dynamic dim under inputs.dims")
+            raise locator.error(prefix + (name,), f"'{name}' is no dynamic dim under inputs.dims")
         if not sizes:
-            raise loaded.error(prefix + (name,), "name at least one size")
+            raise locator.error(prefix + (name,), "name at least one size")
         for index, size in enumerate(sizes):
             if size < (dim.min or 1) or (dim.max is not None and size > dim.max):
-                raise loaded.error(prefix + (name, index), f"{size} lies outside dim '{name}' ({dim.min or 1} to {dim.max or 'no maximum'})")
+                raise locator.error(prefix + (name, index), f"{size} lies outside dim '{name}' ({dim.min or 1} to {dim.max or 'no maximum'})")
 
 
-def shape_case_dims(loaded: LoadedRecipe) -> list[dict[str, int]]:
+def shape_case_dims(dims: Mapping[str, DimSpec], shapes: list[dict[str, int]]) -> list[dict[str, int]]:
     """Every dim's size at each shape the build traces (the first) and validates, without repeats."""
-    trace_dims = {name: dim.size for name, dim in loaded.recipe.inputs.dims.items()}
+    trace_dims = {name: dim.size for name, dim in dims.items()}
     cases = [trace_dims]
-    for overrides in loaded.recipe.validate_.shapes or default_extra_shapes(loaded):
-        dims = {**trace_dims, **overrides}
-        if dims not in cases:
-            cases.append(dims)
+    for overrides in shapes or default_extra_shapes(dims):
+        sizes = {**trace_dims, **overrides}
+        if sizes not in cases:
+            cases.append(sizes)
     return cases
 
 
-def default_extra_shapes(loaded: LoadedRecipe) -> list[dict[str, int]]:
+def default_extra_shapes(dims: Mapping[str, DimSpec]) -> list[dict[str, int]]:
     """Without ``validate.shapes``: every dynamic dim at ``size // 2`` and ``2 * size - 1`` (3 for a size of 1), within its range."""
-    dynamic = {name: dim for name, dim in loaded.recipe.inputs.dims.items() if dim.dynamic}
+    dynamic = {name: dim for name, dim in dims.items() if dim.dynamic}
     if not dynamic:
         return []
     smaller, larger = {}, {}
@@ -89,8 +98,18 @@ def default_extra_shapes(loaded: LoadedRecipe) -> list[dict[str, int]]:
     return [smaller, larger]
 
 
-def check_position_limit(loaded: LoadedRecipe, config: Mapping[str, Any], source: str) -> None:
-    """No sequence fed to ``input_ids``-like inputs may be longer than the config's position limit.
+def sequence_demands(inputs: InputsSpec, shapes: list[dict[str, int]]) -> list[SequenceDemand]:
+    """For each token input (``input_ids``-like, two axes or more), the longest sequence any shape feeds it."""
+    demands = []
+    for index, tensor in enumerate(inputs.tensors):
+        if tensor.name.endswith(TOKEN_INPUT_SUFFIXES) and len(tensor.shape) >= 2:
+            size, location, what = max(_sequence_sizes(inputs, shapes, index), key=lambda item: item[0])
+            demands.append(SequenceDemand(tensor.name, size, location, what))
+    return demands
+
+
+def check_position_limit(demands: list[SequenceDemand], config: Mapping[str, Any], source: str, locator: RecipeLocator) -> None:
+    """No sequence fed to ``input_ids``-like inputs (``demands``) may be longer than the config's position limit.
 
     ``config`` is the model's config as a mapping (config.json, or a transformers
     config's ``to_dict()``); ``source`` says where it came from, for the message.
@@ -101,32 +120,28 @@ def check_position_limit(loaded: LoadedRecipe, config: Mapping[str, Any], source
     if table is None:
         return
     key, limit = table
-    for index, tensor in enumerate(loaded.recipe.inputs.tensors):
-        if not tensor.name.endswith(TOKEN_INPUT_SUFFIXES) or len(tensor.shape) < 2:
-            continue
-        size, location, what = max(_sequence_sizes(loaded, index), key=lambda item: item[0])
-        if size > limit:
-            raise loaded.error(
-                location,
-                f"{what} is above the model's {key} {limit} ({source}): it is axis 1 of input '{tensor.name}'",
+    for demand in demands:
+        if demand.size > limit:
+            raise locator.error(
+                demand.location,
+                f"{demand.what} is above the model's {key} {limit} ({source}): it is axis 1 of input '{demand.input_name}'",
             )
 
 
-def _sequence_sizes(loaded: LoadedRecipe, tensor_index: int) -> Iterator[tuple[int, Location, str]]:
+def _sequence_sizes(inputs: InputsSpec, shapes: list[dict[str, int]], tensor_index: int) -> Iterator[tuple[int, Location, str]]:
     """Each size axis 1 of an input may take, with where the recipe asks for it and how to say so."""
-    axis = loaded.recipe.inputs.tensors[tensor_index].shape[1]
+    axis = inputs.tensors[tensor_index].shape[1]
     if isinstance(axis, int):
         yield axis, ("inputs", "tensors", tensor_index, "shape", 1), f"size {axis}"
         return
-    dim = loaded.recipe.inputs.dims[axis]
+    dim = inputs.dims[axis]
     yield dim.size, ("inputs", "dims", axis, "size"), f"dim '{axis}' size {dim.size}"
     if dim.dynamic and dim.max is not None:
         yield dim.max, ("inputs", "dims", axis, "max"), f"dim '{axis}' max {dim.max}"
-    requested = loaded.recipe.validate_.shapes
-    for index, shape in enumerate(requested):
+    for index, shape in enumerate(shapes):
         if axis in shape:
             yield shape[axis], ("validate", "shapes", index, axis), f"validation shape {axis}={shape[axis]}"
-    for shape in [] if requested else default_extra_shapes(loaded):
+    for shape in [] if shapes else default_extra_shapes(inputs.dims):
         if axis in shape:
             yield shape[axis], ("inputs", "dims", axis), f"default validation shape {axis}={shape[axis]} (set the dim's max)"
 

@@ -32,14 +32,15 @@ import torch
 
 from aot.accuracy import AccuracyResult, Gate, make_gate
 from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
-from aot.inputs import ShapeCase, onnx_input_names, shape_cases
+from aot.inputs import ShapeCase, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.consent import require_consent
 from aot.integrity import verify_directory
 from aot.manifest import MANIFEST_NAME
 from aot.memory import release_freed_memory
 from aot.models import forward_parameters, load_model
 from aot.outputs import flatten_outputs
-from aot.recipe import LoadedRecipe, fidelity_gate, is_decoder_with_cache, load_recipe, passes_changing_computation
+from aot.plan import BisectPlan, DeploymentPlan, FidelityPlan, GenerationPlan, ValidationPlan, plan_build
+from aot.recipe import LoadedRecipe, load_recipe
 from aot.recipe_schema import Tolerance, ValidateSpec
 from aot.stages import Progress, Stages
 
@@ -184,65 +185,64 @@ def raise_on_failure(results: list[Comparison], accuracy: list[AccuracyResult] =
         raise ValidationError(failed[0] + (f"; {culprit}" if culprit else ""))
 
 
-def bisect(loaded: LoadedRecipe, cases: list[ShapeCase], expected: list, failure: Comparison) -> str:
+def bisect(plan: BisectPlan, cases: list[ShapeCase], expected: list, failure: Comparison, tolerance: Tolerance) -> str:
     """Re-trace and re-run the pipeline pass by pass to name the first pass after which outputs diverge."""
-    from aot.capture import capture
-    from aot.pipeline import run_pipeline
-
-    with torch.random.fork_rng():  # the same weights again (the recipe's seed or files); the RNG goes on as it was
-        model = load_model(loaded)
     index = next(i for i, case in enumerate(cases) if case.label == failure.shape)
     case, want = cases[index], expected[index]
-    tolerances = loaded.recipe.validate_
-    graph_module = capture(loaded, model, cases[0].inputs)
-    if not compare_outputs("trace", case.label, want, run_module(graph_module, case), tolerances.atol, tolerances.rtol).ok:
+    graph_module = _retrace(plan, cases[0].inputs)
+    if not compare_outputs("trace", case.label, want, run_module(graph_module, case), tolerance.atol, tolerance.rtol).ok:
         return "outputs already diverge right after tracing, before any pass"
     culprit: list[str] = []
 
     def check(step: int, current: torch.fx.GraphModule) -> None:
         if culprit:
             return
-        result = compare_outputs("graph", case.label, want, run_module(current, case), tolerances.atol, tolerances.rtol)
+        result = compare_outputs("graph", case.label, want, run_module(current, case), tolerance.atol, tolerance.rtol)
         if not result.ok:
-            culprit.append(f"outputs first diverged after pass '{loaded.passes[step].name}' (step {step + 1}): {result.summary()}")
+            culprit.append(f"outputs first diverged after pass '{plan.passes.passes[step].name}' (step {step + 1}): {result.summary()}")
 
-    run_pipeline(graph_module, loaded.passes, after_each=check)
+    _run_passes_again(plan, graph_module, check)
     return culprit[0] if culprit else "no single pass reproduces the divergence when re-run"
 
 
-def bisect_gate(loaded: LoadedRecipe, first_inputs: dict[str, Any], gate: Gate) -> str:
+def bisect_gate(plan: BisectPlan, first_inputs: dict[str, Any], gate: Gate) -> str:
     """Re-trace and re-run the pipeline pass by pass to name the first pass after which the gate fails."""
-    from aot.capture import capture
-    from aot.pipeline import run_pipeline
-
-    with torch.random.fork_rng():
-        model = load_model(loaded)
-    graph_module = capture(loaded, model, first_inputs)
+    graph_module = _retrace(plan, first_inputs)
     culprit: list[str] = []
 
     def check(step: int, current: torch.fx.GraphModule) -> None:
         if not culprit:
             result = gate.measure("graph", lambda batch: current(**batch))
             if not result.ok:
-                culprit.append(f"the gate first failed after pass '{loaded.passes[step].name}' (step {step + 1})")
+                culprit.append(f"the gate first failed after pass '{plan.passes.passes[step].name}' (step {step + 1})")
 
-    run_pipeline(graph_module, loaded.passes, after_each=check)
+    _run_passes_again(plan, graph_module, check)
     return culprit[0] if culprit else "no single pass reproduces the failure when re-run"
 
 
-def judged_by_a_gate(loaded: LoadedRecipe, gate: Gate | None) -> bool:
+def _retrace(plan: BisectPlan, example_inputs: dict[str, Any]) -> torch.fx.GraphModule:
+    """The model loaded and traced again, as the build did."""
+    from aot.capture import capture
+
+    with torch.random.fork_rng():  # the same weights again (the recipe's seed or files); the RNG goes on as it was
+        model = load_model(plan.model)
+    return capture(plan.trace, model, example_inputs, dynamic_axes(plan.inputs, model), dim_ranges(plan.inputs, model))
+
+
+def _run_passes_again(plan: BisectPlan, graph_module: torch.fx.GraphModule, check: Callable[[int, torch.fx.GraphModule], None]) -> None:
+    from aot.pipeline import run_pipeline
+
+    run_pipeline(graph_module, list(plan.passes.passes), after_each=check)
+
+
+def judged_by_a_gate(plan: ValidationPlan, gate: Gate | None) -> bool:
     """Whether the passes change the computation and a gate judges the artifacts instead of atol/rtol: the accuracy
     gate (``gate``), or a decoder's fidelity gate (``generation.fidelity``), which judges the generations."""
-    return (gate is not None or fidelity_gate(loaded) is not None) and changes_computation(loaded)
-
-
-def changes_computation(loaded: LoadedRecipe) -> bool:
-    """Whether a pass of the recipe does not preserve the computation (its artifacts are then gated)."""
-    return bool(passes_changing_computation(loaded))
+    return (gate is not None or plan.fidelity is not None) and plan.changes_computation
 
 
 def validate_graph(
-    loaded: LoadedRecipe,
+    plan: ValidationPlan,
     graph_module: torch.fx.GraphModule,
     cases: list[ShapeCase],
     expected: list[dict[str, Any]],
@@ -250,20 +250,21 @@ def validate_graph(
 ) -> tuple[list[Comparison], list[AccuracyResult]]:
     """The traced graph after the passes, in memory; on failure, bisect (when the recipe asks) and raise."""
     run = lambda case: run_module(graph_module, case)  # noqa: E731
-    gated = judged_by_a_gate(loaded, gate)
-    results = check_artifact("graph", run, cases, expected, loaded.recipe.validate_, "traced graph after the passes", gated)
+    gated = judged_by_a_gate(plan, gate)
+    results = check_artifact("graph", run, cases, expected, plan.tolerance, "traced graph after the passes", gated)
     accuracy = [gate.measure("graph", lambda batch: graph_module(**batch))] if gate is not None else []
     failed = [c for c in results if not c.ok]
     if failed or not all(a.ok for a in accuracy):
         culprit = None
-        if loaded.recipe.validate_.bisect:
-            culprit = bisect(loaded, cases, expected, failed[0]) if failed else bisect_gate(loaded, cases[0].inputs, gate)
+        if plan.bisect is not None:
+            culprit = (bisect(plan.bisect, cases, expected, failed[0], plan.tolerance) if failed
+                       else bisect_gate(plan.bisect, cases[0].inputs, gate))
         raise_on_failure(results, accuracy, culprit)
     return results, accuracy
 
 
 def validate_artifacts(
-    loaded: LoadedRecipe,
+    plan: ValidationPlan,
     cases: list[ShapeCase],
     expected: list[dict[str, Any]],
     directory: Path,
@@ -273,7 +274,7 @@ def validate_artifacts(
     onnx_names: dict[str, str] | None = None,
 ) -> tuple[list[Comparison], list[AccuracyResult]]:
     """The ONNX model, the saved GraphModule, then the AOTInductor package, in ``directory``: :class:`ArtifactChecks`."""
-    checks = ArtifactChecks(loaded, cases, expected, directory, stage or _unnamed_stage, gate, onnx_names or {})
+    checks = ArtifactChecks(plan, cases, expected, directory, stage or _unnamed_stage, gate, onnx_names or {})
     results: tuple[list[Comparison], list[AccuracyResult]] = ([], [])
     for checked in (checks.onnx(), checks.graph_module(sha256_of), checks.aoti()):
         results[0].extend(checked[0])
@@ -291,7 +292,7 @@ class ArtifactChecks:
     while ONNX Runtime checks them.
     """
 
-    loaded: LoadedRecipe
+    plan: ValidationPlan
     cases: list[ShapeCase]
     expected: list[dict[str, Any]]
     directory: Path
@@ -308,8 +309,7 @@ class ArtifactChecks:
             return [], []
         accuracy: list[AccuracyResult] = []
         with self.stage("validate_onnx"):
-            onnx_options = self.loaded.recipe.export.onnx
-            tolerances = self.loaded.recipe.validate_.float16 if onnx_options.float16 else self.loaded.recipe.validate_
+            tolerances = self.plan.onnx_tolerance
             named = lambda inputs: {self.onnx_input_names.get(name, name): value for name, value in inputs.items()}  # noqa: E731
             run = lambda case: export.run_onnx(onnx_path, named(case.inputs))  # noqa: E731
             results = check_artifact("onnx", run, self.cases, self.expected, tolerances, "model.onnx in onnxruntime", self._gated)
@@ -334,10 +334,9 @@ class ArtifactChecks:
         with self.stage("validate_graph_module"):
             # The malloc setting module.py's load makes by default changes no result, only this process's memory.
             saved = export.load_standalone(self.directory / "graph_module", sha256_of(module_file), keep_freed_memory=False)
-            saved = saved.to(self.loaded.recipe.model.device)
+            saved = saved.to(self.plan.device)
             run = lambda case: run_module(saved, case)  # noqa: E731
-            validate = self.loaded.recipe.validate_
-            results = check_artifact("graph_module", run, self.cases, self.expected, validate, f"{module_file} load()", self._gated)
+            results = check_artifact("graph_module", run, self.cases, self.expected, self.plan.tolerance, f"{module_file} load()", self._gated)
             if self.gate is not None:
                 accuracy.append(self.gate.measure("graph_module", lambda batch: saved(**batch)))
             del saved, run
@@ -351,17 +350,17 @@ class ArtifactChecks:
         if not path.is_file():
             return [], []
         accuracy: list[AccuracyResult] = []
-        with self.stage("validate_aoti"), export.AotiProcess(path, self.loaded.recipe.model.device) as package:
+        with self.stage("validate_aoti"), export.AotiProcess(path, self.plan.device) as package:
             run = lambda case: package.run(case.inputs)  # noqa: E731
             source = f"{export.AOTI_FILE} in torch._inductor.aoti_load_package, its own process"
-            results = check_artifact("aoti", run, self.cases, self.expected, self.loaded.recipe.validate_, source, self._gated)
+            results = check_artifact("aoti", run, self.cases, self.expected, self.plan.tolerance, source, self._gated)
             if self.gate is not None:
                 accuracy.append(self.gate.measure("aoti", package.run))
         return results, accuracy
 
     @property
     def _gated(self) -> bool:
-        return judged_by_a_gate(self.loaded, self.gate)
+        return judged_by_a_gate(self.plan, self.gate)
 
 
 def _unnamed_stage(name: str) -> AbstractContextManager[None]:
@@ -411,22 +410,22 @@ def validate_directory(
         integrity = verify_directory(directory, expect_sha256)
         require_consent(Path(directory), integrity.manifest_sha256, expect_sha256, trust_code, "aot validate")
     directory = Path(directory)
-    loaded = recipe_of_build(directory, integrity.manifest, recipe_path)
+    plan = plan_build(recipe_of_build(directory, integrity.manifest, recipe_path))
     with stage("check_tokenizer"):
-        check_deployment_preprocessing(loaded, directory, integrity.manifest)
+        check_deployment_preprocessing(plan.deployment, directory, integrity.manifest)
     with stage("load_model"):
-        model = load_model(loaded)
-        cases = shape_cases(loaded, model)
-        onnx_names = onnx_input_names(loaded, model)
+        model = load_model(plan.model)
+        cases = shape_cases(plan.inputs, model)
+        onnx_names = onnx_input_names(plan.inputs, model)
     with stage("eager_outputs"):
         expected = [eager_outputs(model, case.inputs) for case in cases]
-        gate = make_gate(loaded, eager_runner(model), model)
-        generation = generation_reference(loaded, model)
+        gate = make_gate(plan.validation.gate, eager_runner(model), model)
+        generation = generation_reference(plan.validation.generation, model)
     del model
     release_freed_memory()
     report = DirectoryReport(str(directory), integrity.manifest_sha256, integrity.files_checked)
     report.validation, report.accuracy = validate_artifacts(
-        loaded, cases, expected, directory, stage, integrity.sha256_of, gate, onnx_names
+        plan.validation, cases, expected, directory, stage, integrity.sha256_of, gate, onnx_names
     )
     if generation is not None:
         with stage("validate_generation"):
@@ -435,47 +434,43 @@ def validate_directory(
     return report
 
 
-def check_deployment_preprocessing(loaded: LoadedRecipe, directory: Path, manifest: dict) -> None:
+def check_deployment_preprocessing(plan: DeploymentPlan, directory: Path, manifest: dict) -> None:
     """The tokenizer the directory ships encodes the build's texts as the recipe's own tokenizer does, and its image
     processor gives pixels of the shape the build takes (exit 5 if not)."""
     from aot.bundle import DEPLOYMENT_KEY, check_shipped_processor, check_shipped_tokenizer, takes_pixels
     from aot.models import load_tokenizer
-    from aot.recipe import tokenizer_source
 
     deployment = manifest.get(DEPLOYMENT_KEY) or {}
-    if deployment.get("processor") and takes_pixels(loaded):
-        check_shipped_processor(loaded, directory)
-    source = tokenizer_source(loaded)
-    if not deployment.get("tokenizer") or source is None:
+    if deployment.get("processor") and takes_pixels(plan):
+        check_shipped_processor(plan, directory)
+    if not deployment.get("tokenizer") or plan.tokenizer is None:
         return
-    check_shipped_tokenizer(loaded, directory, load_tokenizer(loaded, *source))
+    check_shipped_tokenizer(plan, directory, load_tokenizer(plan.tokenizer))
 
 
-def generation_reference(loaded: LoadedRecipe, model: torch.nn.Module):
+def generation_reference(plan: GenerationPlan | None, model: torch.nn.Module):
     """Eager generate's tokens on the recipe's prompts, for a decoder step (``generation.cache``); else None."""
-    if not is_decoder_with_cache(loaded):
+    if plan is None:
         return None
     from aot.decoding.generation_check import GenerationReference
 
-    spec = loaded.recipe.generation
-    tolerances = loaded.recipe.validate_
-    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, loaded.recipe.model.seed, tolerances.atol,
-                                    tolerances.rtol, fidelity_reference(loaded))
+    spec, tolerance = plan.spec, plan.tolerance
+    return GenerationReference.take(model, spec.prompt_lengths, spec.new_tokens, plan.seed, tolerance.atol, tolerance.rtol,
+                                    fidelity_reference(plan.fidelity))
 
 
-def fidelity_reference(loaded: LoadedRecipe) -> Callable[[torch.nn.Module], Any] | None:
+def fidelity_reference(plan: FidelityPlan | None) -> Callable[[torch.nn.Module], Any] | None:
     """What takes the fidelity gate's eager reference from a causal LM (``generation.fidelity``); None without a gate."""
-    fidelity = fidelity_gate(loaded)
-    if fidelity is None:
+    if plan is None:
         return None
     from aot.decoding.fidelity import METRICS, FidelityReference, tokenized_prompts
     from aot.models import load_tokenizer
-    from aot.recipe import fidelity_prompts_path, tokenizer_source
 
-    lines = [line for line in fidelity_prompts_path(loaded).read_text(encoding="utf-8").splitlines() if line.strip()]
-    prompts = tokenized_prompts(lines, load_tokenizer(loaded, *tokenizer_source(loaded)), fidelity.max_prompt_tokens)
+    fidelity = plan.spec
+    lines = [line for line in plan.prompts_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = tokenized_prompts(lines, load_tokenizer(plan.tokenizer), fidelity.max_prompt_tokens)
     if not prompts:
-        raise loaded.error(("generation", "fidelity", "prompts"), "no prompt of two tokens or more")
+        raise plan.locator.error(("generation", "fidelity", "prompts"), "no prompt of two tokens or more")
     thresholds = {metric: getattr(fidelity, key) for metric, (key, _) in METRICS.items() if getattr(fidelity, key) is not None}
     return lambda causal_lm: FidelityReference.take(causal_lm, prompts, fidelity.new_tokens, thresholds)
 

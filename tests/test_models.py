@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers
 
+from aot.plan import plan_build
 from aot.errors import RecipeError
 from aot.inputs import shape_cases
 from aot.models import load_model
@@ -27,7 +28,7 @@ def exploding_factory(features: int = 8) -> torch.nn.Module:
 def _load_model_error(path: Path) -> str:
     loaded = load_recipe(path)
     with pytest.raises(RecipeError) as caught:
-        load_model(loaded)
+        load_model(plan_build(loaded).model)
     assert caught.value.exit_code == 2
     message = str(caught.value)
     assert "\n" not in message
@@ -48,7 +49,7 @@ inputs:
 
 
 def test_factory_model_loads(write_recipe):
-    model = load_model(load_recipe(write_recipe(FACTORY.format(factory="tests.models:noisy_linear", kwargs="{features: 8}"))))
+    model = load_model(plan_build(load_recipe(write_recipe(FACTORY.format(factory="tests.models:noisy_linear", kwargs="{features: 8}")))).model)
     assert isinstance(model, torch.nn.Module)
 
 
@@ -89,7 +90,7 @@ def no_weights(monkeypatch):
 
 def test_wrong_input_name_is_found_before_the_weights(write_recipe, no_weights):
     with pytest.raises(WeightsBuilt):  # precondition: a sound recipe gets as far as the weights
-        load_model(load_recipe(write_recipe()))
+        load_model(plan_build(load_recipe(write_recipe())).model)
     path = write_recipe(TINY_BERT.replace("name: attention_mask", "name: attention_masks"))
     message = _load_model_error(path)
     assert message.startswith(f"{path}:17: inputs.tensors[1].name: BertModel.forward has no input 'attention_masks' (it takes: ")
@@ -124,7 +125,7 @@ def test_unknown_class_is_named(write_recipe):
 
 def test_shape_cases_follow_the_recipe(write_recipe):
     loaded = load_recipe(write_recipe())
-    cases = shape_cases(loaded, load_model(loaded))
+    cases = shape_cases(plan_build(loaded).inputs, load_model(plan_build(loaded).model))
     assert [case.dims for case in cases] == [{"batch": 2, "sequence": 8}, {"batch": 1, "sequence": 5}, {"batch": 3, "sequence": 12}]
     assert cases[2].inputs["input_ids"].shape == (3, 12)
 
@@ -168,7 +169,7 @@ def _pretrained_recipe(write_recipe, tiny_bert_weights: Path, kind: str) -> Path
 
 @pytest.mark.parametrize("kind", ["safetensors", "torch"])
 def test_intact_pretrained_weights_load(write_recipe, tiny_bert_weights, kind):
-    model = load_model(load_recipe(_pretrained_recipe(write_recipe, tiny_bert_weights, kind)))
+    model = load_model(plan_build(load_recipe(_pretrained_recipe(write_recipe, tiny_bert_weights, kind))).model)
     assert type(model).__name__ == "BertModel"
 
 
@@ -207,7 +208,7 @@ def test_corrupt_torch_checkpoint_names_the_weights_file(write_recipe, tiny_bert
 def test_pretrained_input_names_are_checked_before_the_weights(write_recipe, tiny_bert_weights, no_weights):
     path = _pretrained_recipe(write_recipe, tiny_bert_weights, "safetensors")
     with pytest.raises(WeightsBuilt):  # precondition
-        load_model(load_recipe(path))
+        load_model(plan_build(load_recipe(path)).model)
     path.write_text(PRETRAINED.replace("name: input_ids", "name: input_idz"))
     assert "inputs.tensors[0].name: BertModel.forward has no input 'input_idz'" in _load_model_error(path)
 
@@ -216,7 +217,7 @@ def test_loading_pretrained_weights_draws_nothing_on_stderr(write_recipe, tiny_b
     """stderr is for aot's one error line: transformers' "Loading weights" bar must not reach it."""
     recipe = _pretrained_recipe(write_recipe, tiny_bert_weights, "safetensors")
     capfd.readouterr()
-    model = load_model(load_recipe(recipe))
+    model = load_model(plan_build(load_recipe(recipe)).model)
     assert type(model).__name__ == "BertModel"
     assert capfd.readouterr().err == ""
 
@@ -237,19 +238,19 @@ class _Entered:
 def test_while_weights_load_is_entered_around_the_weights_of_a_config_model(write_recipe, no_weights):
     beside = _Entered()
     with pytest.raises(WeightsBuilt):  # the weights are built inside it: it was entered, and left on the error
-        load_model(load_recipe(write_recipe()), while_weights_load=beside)
+        load_model(plan_build(load_recipe(write_recipe())).model, while_weights_load=beside)
     assert beside.events == ["enter", "exit"]
 
 
 @pytest.mark.parametrize("kind", ["safetensors"])
 def test_while_weights_load_is_entered_around_pretrained_weights(write_recipe, tiny_bert_weights, kind):
     beside = _Entered()
-    model = load_model(load_recipe(_pretrained_recipe(write_recipe, tiny_bert_weights, kind)), while_weights_load=beside)
+    model = load_model(plan_build(load_recipe(_pretrained_recipe(write_recipe, tiny_bert_weights, kind))).model, while_weights_load=beside)
     assert type(model).__name__ == "BertModel" and beside.events == ["enter", "exit"]
 
 
 def test_a_factory_runs_alone(write_recipe):
     beside = _Entered()
-    load_model(load_recipe(write_recipe(FACTORY.format(factory="tests.models:noisy_linear", kwargs="{features: 8}"))),
+    load_model(plan_build(load_recipe(write_recipe(FACTORY.format(factory="tests.models:noisy_linear", kwargs="{features: 8}")))).model,
                while_weights_load=beside)
     assert beside.events == []

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from aot.plan import plan_build
 from aot.errors import RecipeError
 from aot.recipe import load_recipe, recipe_json_schema_text
 from tests.conftest import TINY_BERT
@@ -92,7 +93,7 @@ def test_the_cuda_recipe_loads_and_says_what_it_needs_where_torch_has_no_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the shipped-recipe tests build this recipe")
     with pytest.raises(RecipeError, match=r"bert_cuda.yaml:\d+: model.device: 'cuda' is asked for, but this machine's torch sees no CUDA device"):
-        load_model(loaded)
+        load_model(plan_build(loaded).model)
 
 
 def test_precision_auto_follows_the_target(write_recipe):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import aot
+from aot.plan import plan_build
 from aot.build import build
 from tests.conftest import rehash_manifest, run_aot
 
@@ -200,7 +201,7 @@ def test_a_vision_build_labels_image_files_with_eager_scores(vision_build, tmp_p
     pixels = ConvNextImageProcessorPil(**settings)([Image.open(path).convert("RGB") for path in images], return_tensors="pt")["pixel_values"]
     assert pixels.shape[1:] == (3, 64, 64), "the precondition: the recipe's processor gives what the build takes"
     with torch.no_grad():
-        scores = load_model(loaded)(pixel_values=pixels).logits.softmax(-1)
+        scores = load_model(plan_build(loaded).model)(pixel_values=pixels).logits.softmax(-1)
     for runtime, answer in answers.items():
         for item, row in zip(answer["items"], scores):
             assert [label["label"] for label in item["labels"]] == [f"LABEL_{int(i)}" for i in row.topk(3).indices], runtime

@@ -9,6 +9,7 @@ import textwrap
 
 import torch
 
+from aot.plan import plan_build
 from aot.inputs import shape_cases
 from aot.models import load_model
 from aot.recipe import load_recipe
@@ -52,8 +53,8 @@ def test_build_validates_module_py_at_every_shape(tiny_build):
 
 def test_module_py_with_torch_alone_matches_eager_at_every_validation_shape(tiny_build, tmp_path):
     loaded = load_recipe(tiny_build / "recipe.yaml")
-    model = load_model(loaded)
-    cases = shape_cases(loaded, model)
+    model = load_model(plan_build(loaded).model)
+    cases = shape_cases(plan_build(loaded).inputs, model)
     assert len(cases) >= 3
     expected = [eager_outputs(model, case.inputs) for case in cases]
     torch.save([case.inputs for case in cases], tmp_path / "cases.pt")

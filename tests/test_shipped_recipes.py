@@ -17,8 +17,10 @@ import onnx
 import pytest
 import torch
 
+from aot.plan import plan_build
 from aot.accuracy import make_gate
-from aot.build import build, eager_outputs
+from aot.build import build
+from aot.validate import eager_outputs
 from aot.export import run_onnx
 from aot.inputs import dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.models import load_model
@@ -100,10 +102,10 @@ def test_manifest_reports_validation_at_three_shapes(builds, name):
 @pytest.mark.parametrize("name", BUILDABLE)
 def test_saved_graph_module_runs_without_aot_or_transformers(builds, name, tmp_path):
     loaded = load_recipe(RECIPES_DIR / name)
-    model = load_model(loaded)
-    cases = shape_cases(loaded, model)
+    model = load_model(plan_build(loaded).model)
+    cases = shape_cases(plan_build(loaded).inputs, model)
     assert len(cases) >= 3
-    gate = make_gate(loaded, eager_runner(model), model)
+    gate = make_gate(plan_build(loaded).validation.gate, eager_runner(model), model)
     batches = gate.data.batches if gate else []
     runs = run_isolated({name: (builds[name] / "graph_module", [c.inputs for c in cases] + batches)}, tmp_path)[name]
     if gate:  # a recipe that trades precision is held to its accuracy gate, not to atol
@@ -124,10 +126,10 @@ def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
     onnx.checker.check_model(str(path), full_check=True)
     loaded = load_recipe(RECIPES_DIR / name)
     graph_inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(path), load_external_data=False).graph.input}
-    model = load_model(loaded)
-    onnx_names = onnx_input_names(loaded, model)  # a decoder step's past: past_key_values.{i}.key in ONNX
-    inferred = {dim for dim, bounds in dim_ranges(loaded, model).items() if bounds == INFERRED}  # a decoder's mask length
-    for name, axes in dynamic_axes(loaded, model).items():
+    model = load_model(plan_build(loaded).model)
+    onnx_names = onnx_input_names(plan_build(loaded).inputs, model)  # a decoder step's past: past_key_values.{i}.key in ONNX
+    inferred = {dim for dim, bounds in dim_ranges(plan_build(loaded).inputs, model).items() if bounds == INFERRED}  # a decoder's mask length
+    for name, axes in dynamic_axes(plan_build(loaded).inputs, model).items():
         for axis, dim in axes.items():
             found = graph_inputs[onnx_names.get(name, name)][axis]
             assert isinstance(found, str) and (dim in inferred or found == dim), (name, axis, found)
@@ -135,12 +137,12 @@ def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
     tolerances = loaded.recipe.validate_.float16 if float16 else loaded.recipe.validate_
     initializer_types = {t.data_type for t in onnx.load(str(path), load_external_data=False).graph.initializer}
     assert (onnx.TensorProto.FLOAT16 in initializer_types) == float16, initializer_types
-    gate = make_gate(loaded, eager_runner(model), model)
+    gate = make_gate(plan_build(loaded).validation.gate, eager_runner(model), model)
     if gate:  # a recipe that trades precision is held to its accuracy gate, not to atol
         result = gate.measure("onnx", lambda batch: run_onnx(path, batch))
         assert result.ok, result.summary()
         return
-    for case in shape_cases(loaded, model):
+    for case in shape_cases(plan_build(loaded).inputs, model):
         expected = eager_outputs(model, case.inputs)
         named = {onnx_names.get(name, name): value for name, value in case.inputs.items()}
         comparison = compare_outputs("onnx", case.label, expected, run_onnx(path, named), tolerances.atol, tolerances.rtol)
@@ -240,7 +242,7 @@ def test_plain_onnx_runtime_greedy_loop_makes_eagers_tokens(builds, name):
 
     from tests.decoding.plain_loop import plain_onnx_runtime_greedy
 
-    step = load_model(load_recipe(RECIPES_DIR / name))
+    step = load_model(plan_build(load_recipe(RECIPES_DIR / name)).model)
     lm, config = step.causal_lm, step.config
     window = getattr(config, "sliding_window", None)
 

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import aot.runtime.upcast_weights as upcast_weights
+from aot.plan import plan_build
 from aot.build import build
 from aot.errors import RecipeError
 from aot.passes import registry
@@ -208,7 +209,7 @@ def test_a_benchmark_baseline_loads_the_float32_model_users_run(tmp_path, bfloat
     from aot.models import load_model
 
     loaded = load_recipe(_recipe(tmp_path, bfloat16_checkpoint, "bfloat16"))
-    narrow, wide = load_model(loaded).causal_lm, load_model(loaded, narrow_weights=False).causal_lm
+    narrow, wide = load_model(plan_build(loaded).model).causal_lm, load_model(plan_build(loaded).model, narrow_weights=False).causal_lm
     assert type(narrow.lm_head) is UpcastLinear and narrow.lm_head.weight.dtype == torch.bfloat16, "precondition"
     assert type(wide.lm_head) is nn.Linear and {p.dtype for p in wide.parameters()} == {torch.float32}
     ids = torch.randint(0, 30522, (1, 9), generator=torch.Generator().manual_seed(0))

@@ -45,7 +45,7 @@ from aot.errors import AotError, RecipeError
 from aot.consent import require_consent
 from aot.integrity import verify_directory
 from aot.manifest import AOTI_FILE, cpu_model
-from aot.recipe import LoadedRecipe, is_decoder_with_cache
+from aot.plan import BuildPlan, plan_build
 from aot.stages import Progress, Stages
 from aot.validate import recipe_of_build
 
@@ -103,11 +103,11 @@ class BenchReport:
 DECODER_GRID = {"batch": [1], "prompt": [32]}  # a decoder build's dims: rows, and prompt tokens
 
 
-def grid_shapes(loaded: LoadedRecipe, grid: dict[str, list[int]]) -> list[dict[str, int]]:
+def grid_shapes(plan: BuildPlan, grid: dict[str, list[int]]) -> list[dict[str, int]]:
     import itertools
 
-    dims = {name: [dim.size] for name, dim in loaded.recipe.inputs.dims.items()}
-    if is_decoder_with_cache(loaded):
+    dims = {name: [dim.size] for name, dim in plan.inputs.spec.dims.items()}
+    if plan.inputs.decoder_step:
         dims = {name: list(sizes) for name, sizes in DECODER_GRID.items()}
     for name, sizes in grid.items():
         if name not in dims:
@@ -140,10 +140,10 @@ def bench(
     with stage("check_files"):
         integrity = verify_directory(directory, expect_sha256)
         require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "aot bench")
-        loaded = recipe_of_build(directory, integrity.manifest)
-    shapes = grid_shapes(loaded, grid or {})
-    _check_peers_fit(loaded, peers)
-    if is_decoder_with_cache(loaded) and new_tokens < 2:
+        plan = plan_build(recipe_of_build(directory, integrity.manifest))
+    shapes = grid_shapes(plan, grid or {})
+    _check_peers_fit(plan, peers)
+    if plan.model.decoder_step and new_tokens < 2:
         raise RecipeError(f"--new-tokens {new_tokens}: a decode time needs at least 2 tokens")
     threads = threads or _default_threads()
     in_process = mode == "in-process"
@@ -170,7 +170,7 @@ def bench(
                     report.peer_failures[name] = str(error)
                     log.warning("peer %s could not be built: %s", name, error)
         # Host memory only, of a runner alone in its process: on CUDA the weights live in GPU memory.
-        memory = memory and not in_process and loaded.recipe.model.device == "cpu"
+        memory = memory and not in_process and plan.model.spec.device == "cpu"
         with stage("bench"):
             for index, shape in enumerate(shapes):
                 report.shapes += _bench_shape(hosts, index, shape, runs, warmup, memory, gap_ms, tick, report.peer_failures)
@@ -180,18 +180,19 @@ def bench(
     return report
 
 
-def _check_peers_fit(loaded: LoadedRecipe, peers: tuple[str, ...]) -> None:
+def _check_peers_fit(plan: BuildPlan, peers: tuple[str, ...]) -> None:
     """A decoder build takes only the decoder peers, a CUDA build only the CUDA ones, and the others neither."""
     from aot.bench.cuda_peers import CUDA_PEERS
     from aot.bench.decoder_peers import DECODER_PEERS
 
-    on_cuda = loaded.recipe.model.device.startswith("cuda")
+    device, decoder = plan.model.spec.device, plan.model.decoder_step
+    on_cuda = device.startswith("cuda")
     for peer in peers:
-        if (peer in DECODER_PEERS) != is_decoder_with_cache(loaded):
-            kind = "a decoder build takes only the decoder peers" if is_decoder_with_cache(loaded) else "the decoder peers are for a decoder build"
+        if (peer in DECODER_PEERS) != decoder:
+            kind = "a decoder build takes only the decoder peers" if decoder else "the decoder peers are for a decoder build"
             raise RecipeError(f"--peers {peer}: {kind} ({', '.join(DECODER_PEERS)})")
         if (peer in CUDA_PEERS) != on_cuda:
-            where = f"a build on {loaded.recipe.model.device} takes only the CUDA peers" if on_cuda else "the CUDA peers are for a CUDA build"
+            where = f"a build on {device} takes only the CUDA peers" if on_cuda else "the CUDA peers are for a CUDA build"
             raise RecipeError(f"--peers {peer}: {where} ({', '.join(CUDA_PEERS)})")
 
 

@@ -107,25 +107,25 @@ class RunnerHost:
     def _load(self) -> tuple[Any, list[dict[str, Any]]]:
         from aot import export
         from aot.bench.peers import build_peer
-        from aot.inputs import dynamic_axes, make_inputs
-        from aot.models import load_model, load_tokenizer
-        from aot.recipe import is_decoder_with_cache
+        from aot.inputs import dynamic_axes, make_inputs, texts_tokenizer
+        from aot.models import load_model
+        from aot.plan import plan_build
         from aot.validate import eager_extra_arguments, recipe_of_build
 
         spec, build = self.spec, Path(self.spec.build)
-        loaded = recipe_of_build(build, json.loads((build / "manifest.json").read_text()))
+        plan = plan_build(recipe_of_build(build, json.loads((build / "manifest.json").read_text())))
         inputs_file = Path(spec.workdir) / INPUTS_FILE
-        if is_decoder_with_cache(loaded):
+        if plan.model.decoder_step:
             self.generates = True
-            return self._load_generation(loaded, build, inputs_file)
+            return self._load_generation(plan, build, inputs_file)
         needs_model = spec.runner not in ("graph_module", "onnx", "aoti")  # eager, and the peers built from it
         if needs_model:
-            model = load_model(loaded, narrow_weights=False)  # the eager model as users run it
+            model = load_model(plan.model, narrow_weights=False)  # the eager model as users run it
             if not inputs_file.exists():  # the eager host goes first and makes every shape's inputs
                 import torch
 
-                tokenizer = load_tokenizer(loaded) if loaded.recipe.inputs.texts else None
-                made = [make_inputs(loaded, model, shape, seed=loaded.recipe.model.seed, tokenizer=tokenizer) for shape in spec.shapes]
+                tokenizer = texts_tokenizer(plan.inputs)
+                made = [make_inputs(plan.inputs, model, shape, seed=plan.inputs.seed, tokenizer=tokenizer) for shape in spec.shapes]
                 torch.save(made, inputs_file)
         inputs = _read_inputs(inputs_file)
         if spec.runner == "eager":
@@ -142,12 +142,12 @@ class RunnerHost:
 
             package = aoti_load_package(str(build / export.AOTI_FILE))
             return (lambda given: package(**given)), inputs
-        runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(loaded, model), Path(spec.workdir), spec.threads,
+        runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(plan.inputs, model), Path(spec.workdir), spec.threads,
                             spinning=not spec.shared_process)
-        self._eager = (loaded, model)
+        self._eager = (plan.validation.gate, model)
         return runner, inputs
 
-    def _load_generation(self, loaded: Any, build: Path, inputs_file: Path) -> tuple[Any, list[dict[str, Any]]]:
+    def _load_generation(self, plan: Any, build: Path, inputs_file: Path) -> tuple[Any, list[dict[str, Any]]]:
         """A decoder build's runner: eager generate, or a greedy loop over the saved step or the ONNX model."""
         from aot import export
         from aot.bench import generation
@@ -157,9 +157,9 @@ class RunnerHost:
         if spec.runner == "eager":
             import torch
 
-            step = load_model(loaded, narrow_weights=False)  # the eager model as users run it
+            step = load_model(plan.model, narrow_weights=False)  # the eager model as users run it
             if not inputs_file.exists():
-                seed = loaded.recipe.model.seed
+                seed = plan.inputs.seed
                 torch.save([generation.prompt_inputs(step.config.vocab_size, shape, seed) for shape in spec.shapes], inputs_file)
             generate = generation.eager_generate(step.causal_lm)
         elif spec.runner == "graph_module":
@@ -172,15 +172,14 @@ class RunnerHost:
         elif spec.runner == "eager_bf16":
             from aot.bench.decoder_peers import eager_bf16_generate
 
-            generate = eager_bf16_generate(load_model(loaded, narrow_weights=False).causal_lm)
+            generate = eager_bf16_generate(load_model(plan.model, narrow_weights=False).causal_lm)
         elif spec.runner == "ort_genai":
             from aot.bench.decoder_peers import genai_generate
             from aot.errors import RecipeError
-            from aot.recipe import pretrained_directory
 
-            if loaded.recipe.model.pretrained is None:
+            if plan.model.pretrained is None:
                 raise RecipeError("peer 'ort_genai' builds from the recipe's model.pretrained checkpoint, which this recipe has not")
-            generate = genai_generate(pretrained_directory(loaded), Path(spec.workdir), spec.threads)
+            generate = genai_generate(plan.model.pretrained, Path(spec.workdir), spec.threads)
         else:
             from aot.errors import RecipeError
 
@@ -198,8 +197,8 @@ class RunnerHost:
 
         if self._eager is None:
             return {"metrics": {}, "problem": "not a peer: its accuracy is in the build's manifest"}
-        loaded, model = self._eager
-        gate = make_gate(loaded, eager_runner(model), model)
+        gate_plan, model = self._eager
+        gate = make_gate(gate_plan, eager_runner(model), model)
         if gate is None:
             return {"metrics": {}, "problem": "the build has no accuracy gate"}
         names = list(gate.expected[0])

@@ -10,6 +10,7 @@ import onnx
 import pytest
 import torch
 
+from aot.plan import plan_build
 from aot.build import build
 from aot.decoding.generation_check import ForcedStep, check_generation, eager_tokens, prompts
 from aot.decoding.greedy import greedy_generate
@@ -84,7 +85,7 @@ def test_saved_module_generates_with_torch_alone(built):
     recipe, directory, _ = built["llama"]
     model = runpy.run_path(str(directory / "graph_module" / "module.py"))["load"]()
     assert hasattr(model, "generate"), "a decoder step's module.py offers generate()"
-    step = load_model(load_recipe(recipe))
+    step = load_model(plan_build(load_recipe(recipe)).model)
     prompt = prompts([6], step.config.vocab_size, seed=7)[1]  # batch 2, left padded: other ids than the build's
     expected = eager_tokens(step.causal_lm, prompt, 20)
     assert len(set(expected[0, 6:].tolist())) > 3, "precondition: the tiny model's tokens vary"
@@ -94,7 +95,7 @@ def test_saved_module_generates_with_torch_alone(built):
 
 
 def test_a_wrong_step_is_named_at_the_first_token_it_changes():
-    step = load_model(load_recipe(_recipe_path_for_check()))
+    step = load_model(plan_build(load_recipe(_recipe_path_for_check())).model)
     checked = prompts([5], step.config.vocab_size, seed=0)
     references = [eager_tokens(step.causal_lm, prompt, 10) for prompt in checked]
     layout = step.decoder.past_layout
@@ -124,7 +125,7 @@ def test_a_wrong_step_is_named_at_the_first_token_it_changes():
 
 def test_a_tie_between_two_tokens_is_not_a_failure_but_a_wrong_token_is():
     """A step whose rival token scores eager's pick plus 1e-6 takes the rival: a tie within atol, so it passes."""
-    step = load_model(load_recipe(_recipe_path_for_check()))
+    step = load_model(plan_build(load_recipe(_recipe_path_for_check())).model)
     checked = prompts([5], step.config.vocab_size, seed=0)[:1]
     references = [eager_tokens(step.causal_lm, prompt, 10) for prompt in checked]
     picked = int(references[0][0, 5])
@@ -175,7 +176,7 @@ def test_a_model_without_a_cache_is_refused_at_its_class(tmp_path):
     )
     loaded = load_recipe(path)
     with pytest.raises(RecipeError, match="model.class: generation.cache needs a causal LM"):
-        load_model(loaded)
+        load_model(plan_build(loaded).model)
 
 
 def test_validating_the_directory_again_generates_again(built):
@@ -215,7 +216,7 @@ def test_decoder_family_builds_and_generates_eagers_tokens(tmp_path, family, fro
         f"model: {{config: {config}, class: {model_class}, attn_implementation: {attention}}}\n"
         f"trace: {{frontend: {frontend}}}\ngeneration: {{cache: true, new_tokens: 16, prompt_lengths: [5, 11]}}\n"
     )
-    step = load_model(load_recipe(recipe))
+    step = load_model(plan_build(load_recipe(recipe)).model)
     prompt = prompts([11], step.config.vocab_size, seed=0)[0]
     assert len(set(eager_tokens(step.causal_lm, prompt, 16)[0, 11:].tolist())) > 4, "precondition: the tokens vary"
     report = build(recipe, tmp_path / "out")
