@@ -49,12 +49,35 @@ def _start_build(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return process, tmp_path / f".out.aot-tmp-{process.pid}"
 
 
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def _forked_children(pid: int) -> list[int]:
+    """Children that are forks of ``pid`` (its own command line), not programs it runs: torch 2.15 runs
+    ``ldconfig -p`` (``ctypes.util.find_library``) for a few milliseconds at import, and that is no export child."""
+    own = _cmdline(pid)
+    return [child for child in _children(pid) if own is not None and _cmdline(child) == own]
+
+
+def _export_child(pid: int) -> int | None:
+    """The build's forked export child, once it has outlived the instant between a spawn's fork and its exec."""
+    children = _forked_children(pid)
+    if not children:
+        return None
+    time.sleep(0.1)
+    return next((child for child in children if child in _forked_children(pid)), None)
+
+
 def _start_build_in_export(tmp_path: Path) -> tuple[subprocess.Popen, Path, int]:
     process, staging = _start_build(tmp_path)
-    assert _wait_until(lambda: _children(process.pid) or process.poll() is not None, 120)
-    children = _children(process.pid)
-    assert children and process.poll() is None, "the build must be stopped while its export child runs"
-    return process, staging, children[0]
+    assert _wait_until(lambda: _export_child(process.pid) or process.poll() is not None, 120)
+    child = _export_child(process.pid)
+    assert child is not None and process.poll() is None, "the build must be stopped while its export child runs"
+    return process, staging, child
 
 
 @pytest.mark.parametrize(("signal_number", "code", "message"), [(signal.SIGTERM, 143, "terminated by SIGTERM"), (signal.SIGINT, 130, "interrupted")])
