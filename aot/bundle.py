@@ -8,7 +8,7 @@ and ``AutoConfig.from_pretrained(DIR)`` read them:
 - ``config.json``: the model's config (labels, special token ids, sizes);
 - the tokenizer's files (``tokenizer.json``, ``tokenizer_config.json``, ...) wherever the build
   has a tokenizer: ``validate.accuracy.tokenizer``'s, a decoder's ``generation.tokenizer``, or the pretrained
-  directory's (``aot.recipe.tokenizer_source``);
+  directory's (``LoadedRecipe.tokenizer``, carried by ``DeploymentPlan.tokenizer``);
 - the image processor's ``preprocessor_config.json``: the recipe's ``model.image_processor``, else the
   pretrained directory's; loaded alone, it must give ``pixel_values`` of the shape the build takes;
 - ``generation_config.json`` for a decoder (``generation.cache``).
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.errors import ValidationError
-from aot.plan import DeploymentPlan
+from aot.recipe.plan import DeploymentPlan
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def texts_used(plan: DeploymentPlan) -> list[str]:
     texts = list(plan.texts)
     gate = plan.gate
     if gate is not None and gate.data_path is not None and gate.data_path.suffix != ".safetensors":
-        from aot.accuracy import read_texts
+        from aot.validate.accuracy import read_texts
 
         texts += read_texts(gate)
     return list(dict.fromkeys([*texts, *PROBE_TEXTS]))

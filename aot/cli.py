@@ -158,10 +158,10 @@ def build(context: click.Context, recipe: str, output: str | None, as_json: bool
     """Build RECIPE: trace, run passes, validate, write artifacts and manifest."""
 
     def run(progress: _StderrProgress) -> Any:
-        from aot.recipe import load_recipe
+        from aot.recipe.load import load_recipe
 
         loaded = load_recipe(recipe)  # its schema is checked before torch is imported: a typo is reported at once
-        from aot.build import build as run_build
+        from aot.build.spine import build as run_build
 
         return run_build(loaded, output, progress=progress)
 
@@ -187,7 +187,7 @@ def build(context: click.Context, recipe: str, output: str | None, as_json: bool
 @click.pass_context
 def check(context: click.Context, recipe: str, as_json: bool) -> None:
     """Check RECIPE without building: schema, passes, ranges, files, input names."""
-    from aot.check import check_recipe
+    from aot.recipe.check import check_recipe
 
     report = _run(context.obj["debug"], lambda: check_recipe(recipe))
     if as_json:
@@ -221,7 +221,7 @@ def validate(context: click.Context, directory: str, recipe: str | None, expect_
     """Re-check a build directory: every file against the manifest first, then numerics against the eager model."""
 
     def run(progress: _StderrProgress) -> Any:
-        from aot.validate import validate_directory
+        from aot.validate.artifacts import validate_directory
 
         return validate_directory(directory, recipe, expect_sha256, progress=progress, trust_code=trust_code)
 
@@ -281,7 +281,7 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
 
         directory = target
         if Path(target).is_file():
-            from aot.build import build as run_build
+            from aot.build.spine import build as run_build
 
             directory = run_build(target, output, progress=progress).output
         report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
@@ -465,7 +465,7 @@ def list_passes(as_json: bool) -> None:
 @main.command()
 def schema() -> None:
     """Print the recipe JSON Schema (for editor completion)."""
-    from aot.recipe import recipe_json_schema_text
+    from aot.recipe.load import recipe_json_schema_text
 
     click.echo(recipe_json_schema_text(), nl=False)
 

@@ -17,8 +17,8 @@ import torch
 
 from aot.model_blueprint import check_forward_accepts
 from aot.models import forward_parameters, load_tokenizer
-from aot.plan import InputsPlan, ModelPlan
-from aot.recipe_schema import TensorSpec
+from aot.recipe.plan import InputsPlan, ModelPlan
+from aot.recipe.schema import TensorSpec
 
 
 @dataclass

@@ -27,10 +27,10 @@ import torch
 
 from aot.errors import AotError, first_line
 from aot.model_blueprint import Blueprint, model_blueprint
-from aot.plan import ModelPlan
-from aot.recipe_locator import Located
+from aot.recipe.plan import ModelPlan
+from aot.recipe.locator import Located
 from aot.weights_dtype import keep_weights_narrow
-from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.validate use it from here
+from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.validate.artifacts use it from here
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def load_model(
     eager model as users run it, which a benchmark's baseline must be.
 
     ``while_weights_load`` is entered while a transformers model draws or reads its weights, once
-    its class is imported (:func:`aot.imports_beside.imports_beside` imports the export stack
+    its class is imported (:func:`aot.process.imports_beside.imports_beside` imports the export stack
     there). A factory is the recipe's own code, and runs alone.
     """
     spec = plan.spec

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aot.memory import page_out
+from aot.process.memory import page_out
 from aot.runtime.upcast_weights import UpcastEmbedding, UpcastLinear
 
 log = logging.getLogger(__name__)

@@ -48,8 +48,8 @@ def _model(runner: str, build: Path):
         print(json.dumps({"capture_all_s": round(time.perf_counter() - started, 2), "graphs": len(bucketed.graphs)}), file=sys.stderr)
         return bucketed
     from aot.models import load_model
-    from aot.plan import plan_build
-    from aot.recipe import load_recipe
+    from aot.recipe.plan import plan_build
+    from aot.recipe.load import load_recipe
 
     eager = load_model(plan_build(load_recipe(build / "recipe.yaml")).model)
     if runner == "eager":

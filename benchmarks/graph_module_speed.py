@@ -28,7 +28,7 @@ import torch
 from transformers import BertConfig, BertModel
 
 import aot.passes  # noqa: F401  (registers the passes)
-from aot.outputs import flatten_outputs
+from aot.validate.outputs import flatten_outputs
 from aot.passes import registry
 from aot.tracing import symbolic_trace
 

@@ -10,7 +10,7 @@
 
 Users load it with torch alone: ``torch._inductor.aoti_load_package(path)(**inputs)`` returns
 ``{output name: tensor}``, named as every aot artifact names its outputs
-(:func:`aot.outputs.flatten_outputs`). The graph is exported behind a wrapper that returns that dict,
+(:func:`aot.validate.outputs.flatten_outputs`). The graph is exported behind a wrapper that returns that dict,
 so the package's output spec holds no transformers type: torch unflattens it without transformers.
 
 What the package is not (the manifest's ``aoti`` says the first two):
@@ -50,9 +50,9 @@ import torch.fx
 
 from aot.compat.torch_private import aoti_compile_and_package
 from aot.errors import ExportError, first_line
-from aot.manifest import AOTI_FILE, cpu_model
-from aot.outputs import flatten_outputs
-from aot.quiet import quiet_torch
+from aot.build.manifest import AOTI_FILE, cpu_model
+from aot.validate.outputs import flatten_outputs
+from aot.process.quiet import quiet_torch
 
 from .export_shapes import dynamic_shapes_of, ordered_inputs
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from aot.cli import main
 
-# The builds of this session record themselves here (aot.consent), not in the user's cache; the
+# The builds of this session record themselves here (aot.build.consent), not in the user's cache; the
 # processes the tests start inherit it.
 os.environ["AOT_CACHE_DIR"] = tempfile.mkdtemp(prefix="aot-test-cache-")
 
@@ -66,7 +66,7 @@ def cli():
 @pytest.fixture(scope="session")
 def tiny_build(tmp_path_factory) -> Path:
     """One build of TINY_BERT for the session; copy it (``copy_build``) before changing anything in it."""
-    from aot.build import build
+    from aot.build.spine import build
 
     root = tmp_path_factory.mktemp("tiny-build")
     recipe = root / "tiny.yaml"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import aot
-from aot.plan import plan_build
-from aot.build import build
+from aot.recipe.plan import plan_build
+from aot.build.spine import build
 from tests.conftest import rehash_manifest, run_aot
 
 pytestmark = pytest.mark.slow
@@ -189,7 +189,7 @@ def test_a_vision_build_labels_image_files_with_eager_scores(vision_build, tmp_p
     from transformers import ConvNextImageProcessorPil
 
     from aot.models import load_model
-    from aot.recipe import load_recipe
+    from aot.recipe.load import load_recipe
 
     images = [_image(tmp_path / "wide.png", 0, (90, 140)), _image(tmp_path / "tall.jpg", 1, (200, 70))]
     answers = {runtime: _json(run_aot("run", vision_build, *images, "--runtime", runtime, "--top", "3", "--json")) for runtime in ("onnx", "torch")}
@@ -216,7 +216,7 @@ def test_a_vision_build_labels_image_files_with_eager_scores(vision_build, tmp_p
 
 
 def test_token_ids_run_a_build_that_ships_no_tokenizer(tiny_build):
-    from aot.accuracy import pooled_vectors
+    from aot.validate.accuracy import pooled_vectors
     from aot.export import load_standalone
 
     manifest = json.loads((tiny_build / "manifest.json").read_text())

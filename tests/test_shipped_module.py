@@ -9,11 +9,11 @@ import textwrap
 
 import torch
 
-from aot.plan import plan_build
+from aot.recipe.plan import plan_build
 from aot.inputs import shape_cases
 from aot.models import load_model
-from aot.recipe import load_recipe
-from aot.validate import compare_outputs, eager_outputs
+from aot.recipe.load import load_recipe
+from aot.validate.artifacts import compare_outputs, eager_outputs
 
 # Loads module.py as the README shows, with every import of aot, transformers, safetensors and onnx refused.
 TORCH_ALONE = textwrap.dedent(

@@ -17,17 +17,17 @@ import onnx
 import pytest
 import torch
 
-from aot.plan import plan_build
-from aot.accuracy import make_gate
-from aot.build import build
-from aot.validate import eager_outputs
+from aot.recipe.plan import plan_build
+from aot.validate.accuracy import make_gate
+from aot.build.spine import build
+from aot.validate.artifacts import eager_outputs
 from aot.export import run_onnx
 from aot.inputs import dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.models import load_model
-from aot.outputs import flatten_outputs
-from aot.recipe import fidelity_gate, load_recipe
+from aot.validate.outputs import flatten_outputs
+from aot.recipe.load import fidelity_gate, load_recipe
 from aot.tracing.export_trace import INFERRED
-from aot.validate import compare_outputs, eager_runner
+from aot.validate.artifacts import compare_outputs, eager_runner
 from tests.conftest import rehash_manifest
 from tests.export.isolated import run_isolated
 
@@ -264,7 +264,7 @@ def test_plain_onnx_runtime_greedy_loop_makes_eagers_tokens(builds, name):
 def test_the_build_directory_ships_what_a_deployment_needs(builds, name):
     from transformers import AutoConfig, AutoTokenizer
 
-    from aot.recipe import is_decoder_with_cache, tokenizer_directory
+    from aot.recipe.load import is_decoder_with_cache, tokenizer_directory
 
     loaded = load_recipe(RECIPES_DIR / name)
     manifest = json.loads((builds[name] / "manifest.json").read_text())

@@ -42,12 +42,12 @@ import numpy as np
 
 from aot.bench.worker import RunnerHost, RunnerSpec
 from aot.errors import AotError, RecipeError
-from aot.consent import require_consent
-from aot.integrity import verify_directory
-from aot.manifest import AOTI_FILE, cpu_model
-from aot.plan import BuildPlan, plan_build
-from aot.stages import Progress, Stages
-from aot.validate import recipe_of_build
+from aot.build.consent import require_consent
+from aot.build.integrity import verify_directory
+from aot.build.manifest import AOTI_FILE, cpu_model
+from aot.recipe.plan import BuildPlan, plan_build
+from aot.build.stages import Progress, Stages
+from aot.validate.artifacts import recipe_of_build
 
 log = logging.getLogger(__name__)
 

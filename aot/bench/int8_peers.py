@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from aot.quiet import aot_debugging, quiet_torch
+from aot.process.quiet import aot_debugging, quiet_torch
 
 
 def quantize_onnx_dynamic(source: Path, target: Path) -> None:

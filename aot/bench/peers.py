@@ -66,7 +66,7 @@ def peer_names(text: str) -> tuple[str, ...]:
 
 
 def _quietly(action: Callable[[], Any]) -> Any:
-    from aot.quiet import quiet_torch
+    from aot.process.quiet import quiet_torch
 
     with quiet_torch("a peer's export"):
         return action()

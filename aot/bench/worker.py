@@ -109,8 +109,8 @@ class RunnerHost:
         from aot.bench.peers import build_peer
         from aot.inputs import dynamic_axes, make_inputs, texts_tokenizer
         from aot.models import load_model
-        from aot.plan import plan_build
-        from aot.validate import eager_extra_arguments, recipe_of_build
+        from aot.recipe.plan import plan_build
+        from aot.validate.artifacts import eager_extra_arguments, recipe_of_build
 
         spec, build = self.spec, Path(self.spec.build)
         plan = plan_build(recipe_of_build(build, json.loads((build / "manifest.json").read_text())))
@@ -192,8 +192,8 @@ class RunnerHost:
         ONNX Runtime answers a list: its outputs are taken in the order of eager's, which is the
         order every exporter writes them in.
         """
-        from aot.accuracy import make_gate
-        from aot.validate import eager_runner
+        from aot.validate.accuracy import make_gate
+        from aot.validate.artifacts import eager_runner
 
         if self._eager is None:
             return {"metrics": {}, "problem": "not a peer: its accuracy is in the build's manifest"}
@@ -289,7 +289,7 @@ def serve(requests: Any, answer: Any) -> None:
 
 
 def _main() -> None:
-    from aot.forked import die_with_parent
+    from aot.process.forked import die_with_parent
 
     die_with_parent(os.getppid())
     # The protocol owns the real stdout; whatever a library prints goes to stderr (the driver's log file).

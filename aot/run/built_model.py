@@ -11,7 +11,7 @@
 
 Every file is checked against the manifest first, as ``aot validate`` does (exit 7 on a mismatch),
 and ``runtime="torch"`` runs ``module.py`` (``"aoti"``: the AOTInductor package's compiled code) only with
-consent (:mod:`aot.consent`). The tokenizer and
+consent (:mod:`aot.build.consent`). The tokenizer and
 config are the ones the build shipped and checked (:mod:`aot.bundle`); nothing is read from
 elsewhere. Text longer than the build's largest sequence is truncated to it, and the result says
 which inputs were (``truncated``).
@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from aot.bundle import DEPLOYMENT_KEY
-from aot.consent import require_consent
+from aot.build.consent import require_consent
 from aot.errors import RecipeError
-from aot.integrity import verify_directory
-from aot.manifest import AOTI_FILE
+from aot.build.integrity import verify_directory
+from aot.build.manifest import AOTI_FILE
 
 from .artifacts import RUNTIMES, AotiArtifact, OnnxArtifact, TorchArtifact
 
@@ -143,7 +143,7 @@ class BuiltModel:
         encoded = texts if isinstance(texts, Encoded) else self.encode(texts)
         outputs = self.artifact(encoded.inputs)
         name = "last_hidden_state" if "last_hidden_state" in outputs else next(iter(outputs))
-        from aot.accuracy import pooled_vectors
+        from aot.validate.accuracy import pooled_vectors
 
         return pooled_vectors(outputs[name], encoded.inputs, pooling).to(torch.float32), encoded.truncated
 

@@ -39,7 +39,7 @@ import torch
 import torch.fx
 
 from aot.errors import TraceError, first_line
-from aot.quiet import quiet_torch
+from aot.process.quiet import quiet_torch
 
 from .dim_narrowing import narrowed_default_range, suggested_ranges, unproven_dim
 from .dummy_inputs import forward_parameters

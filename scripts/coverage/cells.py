@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 from aot.errors import AotError
-from aot.outputs import flatten_outputs
+from aot.validate.outputs import flatten_outputs
 from aot.tracing import export_trace, symbolic_trace
 from aot.tracing.dummy_inputs import default_input_names
 from aot.tracing.shape_check import same_random_draws
-from aot.validate import compare_outputs, eager_outputs
+from aot.validate.artifacts import compare_outputs, eager_outputs
 
 from .architectures import find_class
 from .shapes import SHAPES, inputs_at, named_axes
@@ -112,7 +112,7 @@ TRACERS = {"fx": trace_fx, "export": trace_export, "hf_onnx": export_hf_onnx}
 
 def build_end_to_end(model_type: str, class_name: str, frontend: str) -> None:
     """``aot build`` of a generated tiny recipe, in a temporary directory."""
-    from aot.build import build
+    from aot.build.spine import build
 
     from .recipe import tiny_recipe_text
 

@@ -10,14 +10,14 @@ import onnx
 import pytest
 import torch
 
-from aot.plan import plan_build
-from aot.build import build
+from aot.recipe.plan import plan_build
+from aot.build.spine import build
 from aot.decoding.generation_check import ForcedStep, check_generation, eager_tokens, prompts
 from aot.decoding.greedy import greedy_generate
 from aot.decoding.names import input_names, output_names
 from aot.errors import RecipeError
 from aot.models import load_model
-from aot.recipe import load_recipe
+from aot.recipe.load import load_recipe
 
 _TINY = {
     "gpt2": "{model_type: gpt2, n_embd: 64, n_layer: 2, n_head: 4, vocab_size: 128, n_positions: 128, initializer_range: 0.2}",
@@ -180,7 +180,7 @@ def test_a_model_without_a_cache_is_refused_at_its_class(tmp_path):
 
 
 def test_validating_the_directory_again_generates_again(built):
-    from aot.validate import validate_directory
+    from aot.validate.artifacts import validate_directory
 
     recipe, directory, _ = built["gpt2"]
     report = validate_directory(directory)

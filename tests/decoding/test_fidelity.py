@@ -66,7 +66,7 @@ def test_a_perturbed_step_fails_the_metrics_it_misses_and_names_them():
 
 
 def test_metric_directions_cover_every_threshold_of_the_recipe():
-    from aot.recipe_schema import FidelitySpec
+    from aot.recipe.schema import FidelitySpec
 
     assert {key for key, _ in METRICS.values()} == {name for name in FidelitySpec.model_fields if name.startswith(("max_", "min_")) and name != "max_prompt_tokens"}
     ceilings = FidelityResult("a", 1, 1, metrics={"kl_mean": 0.2, "top1_agreement": 0.95}, thresholds={"kl_mean": 0.1, "top1_agreement": 0.9})

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from aot.build import build
+from aot.build.spine import build
 from aot.errors import ExportError, RecipeError
 from aot.export import AOTI_FILE, AotiCrash, AotiProcess
-from aot.recipe import load_recipe
-from aot.validate import validate_directory
+from aot.recipe.load import load_recipe
+from aot.validate.artifacts import validate_directory
 from tests.conftest import TINY_BERT
 
 RECIPE = TINY_BERT + """\

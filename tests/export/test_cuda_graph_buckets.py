@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aot.build import build
+from aot.build.spine import build
 from aot.errors import ExportError, RecipeError, ValidationError
-from aot.recipe import load_recipe
+from aot.recipe.load import load_recipe
 
 BUCKETS = {"batch": [1, 4, 8], "sequence": [16, 32]}
 RECIPE = """\

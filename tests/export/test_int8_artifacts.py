@@ -13,7 +13,7 @@ import torch
 
 from aot.export import save_graph_module
 from aot.export.graph_module_artifact import load_standalone
-from aot.outputs import flatten_outputs
+from aot.validate.outputs import flatten_outputs
 from aot.passes import MergeLinears, QuantizeLinearInt8
 from aot.runtime import Int8DynamicLinear
 

@@ -8,9 +8,9 @@ import numpy as np
 import onnx
 import torch
 
-from aot.build import build
+from aot.build.spine import build
 from aot.export import run_onnx
-from aot.outputs import flatten_outputs
+from aot.validate.outputs import flatten_outputs
 
 from . import models
 from .as_built import write_as_built

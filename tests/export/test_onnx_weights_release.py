@@ -14,7 +14,7 @@ import torch
 import transformers
 from onnx import numpy_helper
 
-from aot.forked import can_fork
+from aot.process.forked import can_fork
 
 from . import models
 from .as_built import write_as_built

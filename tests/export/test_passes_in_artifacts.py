@@ -11,7 +11,7 @@ import torch
 from onnx import numpy_helper
 
 from aot.export import load, save_graph_module
-from aot.outputs import flatten_outputs
+from aot.validate.outputs import flatten_outputs
 from aot.passes import FuseBatchNorm2dInConv2d, MergeLinears
 
 from . import models

@@ -319,7 +319,7 @@ def test_prepacked_after_it_the_linears_run_onednn_bfloat16_gemms():
 
 
 def test_the_shipped_bfloat16_recipe_needs_its_accuracy_gate(tmp_path):
-    from aot.recipe import load_recipe
+    from aot.recipe.load import load_recipe
 
     recipe = RECIPES / "bert_bf16.yaml"
     loaded = load_recipe(recipe)

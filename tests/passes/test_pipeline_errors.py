@@ -8,8 +8,8 @@ from torch import nn
 
 from aot.errors import PassError
 from aot.passes import DeadCodeElimination, MergeLinears, RemoveDropout
-from aot.pipeline import run_pipeline
-from aot.recipe_schema import PassSpec
+from aot.build.pipeline import run_pipeline
+from aot.recipe.schema import PassSpec
 from tests.passes.helpers import LinearPair, fx_graph
 
 PIPELINE = [PassSpec(name="merge_linears"), PassSpec(name="remove_dropout"), PassSpec(name="dead_code_elimination")]

@@ -147,7 +147,7 @@ def test_the_prepacked_weight_is_derived_state():
 @pytest.mark.parametrize("activations", ["per_tensor", "per_token"])
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_bert_in_int8_stays_close_to_eager_at_several_shapes(attn_implementation, activations):
-    from aot.outputs import flatten_outputs
+    from aot.validate.outputs import flatten_outputs
     from aot.tracing import symbolic_trace
 
     model = tiny_bert(attn_implementation)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from aot.outputs import flatten_outputs
+from aot.validate.outputs import flatten_outputs
 from aot.tracing import export_trace
 from tests.tracing.tracing_zoo import EXPORT_DIMS, unpadded_token_inputs
 

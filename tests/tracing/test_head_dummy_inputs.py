@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from aot.outputs import flatten_outputs
+from aot.validate.outputs import flatten_outputs
 from aot.tracing import symbolic_trace
 from aot.tracing.dummy_inputs import make_dummy_inputs
 

@@ -10,7 +10,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from aot.errors import TraceError
-from aot.outputs import flatten_outputs
+from aot.validate.outputs import flatten_outputs
 from aot.tracing import HFTracer, Scope, disable_hooked_forward, symbolic_trace
 from aot.tracing.torch_functions import bidirectional_attention_mask
 from tests.tracing.tracing_zoo import ZOO, assert_matches_eager

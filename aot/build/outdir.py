@@ -1,0 +1,141 @@
+"""Write a build into a temporary directory and swap it into place only on success.
+
+aot never deletes what it did not write. A target may be replaced only when it
+does not exist, is an empty directory, or is an aot build directory whose every
+file its manifest lists (:func:`check_replaceable`). Anything else (a project
+directory, ``-o .``, a build into which someone put a file of their own) is
+refused before any work is done, and checked again just before the swap.
+
+The temporary directory sits beside the target (same filesystem, so rename is
+atomic). On Linux the swap uses ``renameat2(RENAME_EXCHANGE)``: the target
+path always names a complete build, the old one or the new one, even if the
+process is killed between any two instructions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from aot.errors import ExportError, RecipeError
+from aot.process.libc import function
+from aot.build.manifest import MANIFEST_NAME
+
+log = logging.getLogger(__name__)
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_TEMP_MARK = ".aot-tmp-"
+
+
+def check_replaceable(target: Path) -> None:
+    """Raise RecipeError (exit 2) unless ``target`` may become a build directory.
+
+    Allowed: a path that does not exist yet under a writable directory, an empty directory,
+    or an earlier aot build holding nothing its manifest does not list.
+    """
+    target = target.absolute()
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise RecipeError(f"{target}: exists and is not a directory; refusing to replace it")
+    if target.is_dir():
+        unlisted = _files_not_written_by_aot(target)
+        if unlisted is not None:
+            raise RecipeError(
+                f"{target}: {unlisted}; aot replaces only an empty directory or an earlier aot build "
+                "(remove it yourself or choose another -o)"
+            )
+    writable_parent = next((p for p in target.parents if p.exists()), None)
+    if writable_parent is None or not os.access(writable_parent, os.W_OK | os.X_OK):
+        raise RecipeError(f"{target}: cannot create the output directory ({writable_parent} is not writable)")
+
+
+def _files_not_written_by_aot(directory: Path) -> str | None:
+    """None when ``directory`` is empty or an aot build and nothing else; else why not."""
+    if next(directory.iterdir(), None) is None:
+        return None
+    manifest_path = directory / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return f"not empty and not an aot build directory (no {MANIFEST_NAME})"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        listed = set(manifest["artifacts"]) | {MANIFEST_NAME}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST_NAME} is not an aot manifest"
+    for entry in sorted(directory.rglob("*")):
+        relative = entry.relative_to(directory).as_posix()
+        if entry.is_symlink() or (entry.is_file() and relative not in listed) or not (entry.is_file() or entry.is_dir()):
+            return f"holds '{relative}', which its {MANIFEST_NAME} does not list"
+    return None
+
+
+@contextmanager
+def staged_directory(target: Path) -> Iterator[Path]:
+    """Yield an empty directory; on clean exit it replaces ``target``, on error it is removed."""
+    target = target.absolute()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(target)
+        staging = target.parent / f".{target.name}{_TEMP_MARK}{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    except OSError as error:
+        raise RecipeError(f"{target}: cannot create the output directory: {error.strerror}") from None
+    try:
+        yield staging
+        check_replaceable(target)  # again: something may have been put there while the build ran
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        _swap_into_place(staging, target)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ExportError(f"{target}: cannot move the build into place: {error.strerror}") from None
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(staging, target)
+        return
+    if _exchange(staging, target):
+        shutil.rmtree(staging)  # now holds the previous build
+        return
+    previous = target.parent / f".{target.name}.aot-old-{os.getpid()}"
+    os.rename(target, previous)
+    os.rename(staging, target)
+    shutil.rmtree(previous)
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    renameat2 = function("renameat2")
+    if renameat2 is None:
+        return False
+    result = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+    if result != 0:
+        log.debug("renameat2 exchange failed (errno %d); falling back to two renames", ctypes.get_errno())
+        return False
+    return True
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Remove staging directories left by builds whose process no longer runs (e.g. after SIGKILL)."""
+    for candidate in target.parent.glob(f".{target.name}{_TEMP_MARK}*"):
+        pid_text = candidate.name.rsplit("-", 1)[-1]
+        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+            shutil.rmtree(candidate, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,135 @@
+"""``aot build``: recipe → plan → model → inputs → trace → passes → validate → artifacts → manifest.
+
+The library never prints: it logs, reports progress through an optional
+callback, and returns a :class:`BuildReport`. Errors are :class:`AotError`
+subclasses whose exit codes the CLI maps; the output directory is only
+replaced when every stage, artifact validation included, has succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aot.build import steps
+from aot.bundle import Deployment
+from aot.build.schedule import BuildSchedule
+from aot.compat.window import warn_outside_window
+from aot.build.consent import remember_build
+from aot.decoding.generation_check import GenerationCheck
+from aot.process.memory import MemoryWatch
+from aot.build.outdir import check_replaceable, staged_directory
+from aot.build.pipeline import PassRecord
+from aot.recipe.plan import BuildPlan, plan_build
+from aot.recipe.load import LoadedRecipe, load_recipe
+from aot.build.stages import Progress
+from aot.validate.accuracy import AccuracyResult
+from aot.validate.artifacts import Comparison, raise_on_failure
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BuildReport:
+    name: str
+    output: str
+    manifest_sha256: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+    passes: list[PassRecord] = field(default_factory=list)
+    validation: list[Comparison] = field(default_factory=list)
+    accuracy: list[AccuracyResult] = field(default_factory=list)
+    trace: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    memory: dict[str, float] = field(default_factory=dict)
+    peak_rss_by_stage: dict[str, float] = field(default_factory=dict)
+    onnx_fusions: dict[str, int] = field(default_factory=dict)
+    generation: list[GenerationCheck] = field(default_factory=list)
+    deployment: Deployment | None = None
+    aoti: dict[str, Any] | None = None  # what export.write_aoti_package records of the AOTInductor package
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.validation + self.accuracy + self.generation)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "output": self.output,
+            "ok": self.ok,
+            "manifest_sha256": self.manifest_sha256,
+            "stages_s": self.stages,
+            "passes": [p.to_json() for p in self.passes],
+            "onnx_fusions": self.onnx_fusions,
+            "validation": [c.to_json() for c in self.validation],
+            "accuracy": [a.to_json() for a in self.accuracy],
+            "generation": [g.to_json() for g in self.generation],
+            "files": self.files,
+            "memory": self.memory,
+        }
+
+
+def default_output(plan: BuildPlan) -> Path:
+    return plan.output if plan.output is not None else Path("out") / plan.name
+
+
+def build(
+    recipe: str | Path | LoadedRecipe, output: str | Path | None = None, progress: Progress | None = None
+) -> BuildReport:
+    """Build a recipe (a path, or one :func:`aot.recipe.load.load_recipe` already loaded) into ``output``."""
+    started = time.perf_counter()
+    plan = plan_build(recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe))
+    target = Path(output) if output is not None else default_output(plan)
+    check_replaceable(target)  # before any work: aot never deletes what it did not write
+    warn_outside_window()
+    report = BuildReport(name=plan.name, output=str(target))
+    memory = MemoryWatch()
+    try:
+        with staged_directory(target) as staging:
+            work = steps.Work(staging)
+            with BuildSchedule(plan, work, report, progress, memory, started) as schedule:
+                _build(plan, work, report, schedule)
+    finally:
+        memory.stop()
+    return report
+
+
+def _build(plan: BuildPlan, work: steps.Work, report: BuildReport, schedule: BuildSchedule) -> None:
+    """The spine: each stage, the section of the plan it takes, and what it makes.
+
+    Stages run in this order, except where :mod:`aot.build.schedule` says otherwise: it runs the eager
+    reference and the graph's validation beside the ONNX export, imports the export stack while the
+    weights load, hashes files beside the work that waits on other code, and frees what no later
+    stage takes.
+    """
+    run = schedule.run
+    run("load_model", steps.load, plan.model, work, report, schedule.while_weights_load)
+    run("make_inputs", steps.make_inputs, plan.inputs, work)
+    run("trace", steps.trace, plan.trace, work, report)
+    run("eager_outputs", steps.take_eager_reference, plan.validation, work)
+    run("passes", steps.transform, plan.passes, work, report)
+    run("validate_graph", steps.check_graph, plan.validation, work, report)
+    steps.write_recipe(plan, work)
+    run("deployment_files", steps.write_deployment, plan.deployment, work, report)
+
+    schedule.start_onnx_export()
+    export = plan.export
+    steps.prepare_graph_module(export, work)
+    run("graph_module_passes", steps.graph_module_passes, export, work, report,
+        when=export.graph_module.enabled and bool(export.graph_module_passes))
+    run("export_graph_module", steps.write_graph_module, work, when=export.graph_module.enabled)
+    run("export_aoti", steps.write_aoti, work, report, when=export.aoti.enabled)
+    schedule.finish_onnx_export()
+
+    checks = steps.artifact_checks(plan.validation, work)
+    schedule.run_hashing_beside("validate_onnx", lambda: steps.add_checked(report, checks.onnx()))
+    # module.py runs as hashed: what the manifest lists is what was validated.
+    sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
+    run("validate_graph_module", lambda: steps.add_checked(report, checks.graph_module(sha256_of)), when=export.graph_module.enabled)
+    run("validate_aoti", lambda: steps.add_checked(report, checks.aoti()), when=export.aoti.enabled)
+    run("validate_generation", steps.check_generation, work, report, when=plan.validation.generation is not None)
+    raise_on_failure(report.validation, report.accuracy + report.generation)
+    schedule.last(steps.write_build_manifest, plan, work, report)
+    remember_build(report.manifest_sha256)  # this machine built it: its code may run here later (aot.build.consent)

@@ -1,0 +1,204 @@
+"""The build's stages, each a function of its section of the plan and of what earlier stages made.
+
+Each stage reads what it needs from :class:`Work` and writes what it makes there, or into the
+:class:`~aot.build.spine.BuildReport`. None decides when it runs, what runs beside it, or when
+memory is freed: :class:`aot.build.schedule.BuildSchedule` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from aot.validate.accuracy import make_gate
+from aot.bundle import DEPLOYMENT_KEY, write_deployment_files
+from aot.build.capture import capture
+from aot.cuda_graphs import cuda_graph_spec
+from aot.validate.eager_guard import check_after_each_pass
+from aot.errors import ExportError
+from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
+from aot.build.manifest import MANIFEST_VERSION, tool_versions, write_manifest
+from aot.models import load_model
+from aot.build.pipeline import run_pipeline
+from aot.recipe.plan import BuildPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
+from aot.validate.artifacts import ArtifactChecks, eager_outputs, eager_runner, generation_reference, validate_graph
+from aot.weights_dtype import widen_leftover_linears
+
+if TYPE_CHECKING:
+    from aot.build.spine import BuildReport
+
+
+@dataclass
+class EagerReference:
+    """What the artifacts are validated against, from the eager model."""
+
+    expected: list[Any]  # eager's outputs for each shape case
+    gate: Any  # task metrics on real data, when the recipe asks
+    generation: Any  # eager generate's tokens (a GenerationReference), for a decoder step
+
+
+@dataclass
+class Work:
+    """What the stages hand each other. The schedule empties a field once no later stage takes it."""
+
+    staging: Path  # the output directory being written
+    model: torch.nn.Module | None = None
+    cases: list[ShapeCase] = field(default_factory=list)
+    axes: dict[str, dict[int, str]] = field(default_factory=dict)  # {input: {axis: dim}} kept dynamic
+    ranges: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # {dim: (min, max)}
+    onnx_names: dict[str, str] = field(default_factory=dict)  # {input: ONNX input name} where they differ
+    graph: torch.fx.GraphModule | None = None
+    module_graph: torch.fx.GraphModule | None = None  # the graph after export.graph_module.passes: graph_module/'s
+    reference: EagerReference | None = None
+    hashed: dict[str, Any] = field(default_factory=dict)  # files hashed while the ONNX export ran
+
+
+def load(plan: ModelPlan, work: Work, report: BuildReport, while_weights_load: AbstractContextManager[Any]) -> None:
+    work.model = load_model(plan, while_weights_load=while_weights_load)
+    check_input_names(plan, work.model)
+    report.memory["weights_mib"] = round(_tensor_bytes(work.model) / 2**20, 1)
+
+
+def make_inputs(plan: InputsPlan, work: Work) -> None:
+    """The example inputs at every shape case, and the dims the artifacts keep dynamic."""
+    work.cases = shape_cases(plan, work.model)
+    work.axes, work.ranges = dynamic_axes(plan, work.model), dim_ranges(plan, work.model)
+    work.onnx_names = onnx_input_names(plan, work.model)
+
+
+def trace(plan: TracePlan, work: Work, report: BuildReport) -> None:
+    work.graph = capture(plan, work.model, work.cases[0].inputs, work.axes, work.ranges)
+    report.trace = work.graph.meta.get("trace_report", {})
+
+
+def take_eager_reference(plan: ValidationPlan, work: Work) -> None:
+    """Eager's outputs at every shape case, the gate's reference, and a decoder's generations."""
+    model = work.model
+    work.reference = EagerReference(
+        expected=[eager_outputs(model, case.inputs) for case in work.cases],
+        gate=make_gate(plan.gate, eager_runner(model), model),
+        generation=generation_reference(plan.generation, model),
+    )
+
+
+def transform(plan: PassesPlan, work: Work, report: BuildReport) -> None:
+    """The recipe's passes, each checked to leave the eager model as it was (its outputs may be taken after them)."""
+    unchanged_eager_model = check_after_each_pass(work.model, list(plan.passes))
+    work.graph, report.passes = run_pipeline(work.graph, list(plan.passes), after_each=unchanged_eager_model)
+    widened = widen_leftover_linears(work.graph)  # narrow weights (model.weights_dtype) no pass replaced
+    if widened:
+        work.graph.meta.setdefault("trace_report", {}).setdefault("notes", []).append(
+            f"widened {len(widened)} linear layers no pass replaced to {plan.compute_dtype}")
+
+
+def check_graph(plan: ValidationPlan, work: Work, report: BuildReport) -> None:
+    reference = work.reference
+    report.validation, report.accuracy = validate_graph(plan, work.graph, work.cases, reference.expected, reference.gate)
+
+
+def write_recipe(plan: BuildPlan, work: Work) -> None:
+    _write(lambda path, text: path.write_text(text, encoding="utf-8"), work.staging / "recipe.yaml", plan.recipe.text)
+
+
+def write_deployment(plan: DeploymentPlan, work: Work, report: BuildReport) -> None:
+    report.deployment = write_deployment_files(plan, work.model, work.staging)
+
+
+def prepare_graph_module(plan: ExportPlan, work: Work) -> None:
+    """What ``module.py`` carries beside the graph: a decoder's ``generate()``, CUDA graph buckets."""
+    generation = work.reference.generation
+    if generation is not None:
+        work.graph.meta["decoder"] = generation.artifact_meta
+    buckets = plan.graph_module.cuda_graphs
+    if buckets:  # module.py then replays its buckets from CUDA graphs (aot.cuda_graphs)
+        work.graph.meta["cuda_graphs"] = cuda_graph_spec(buckets, work.axes, work.graph, work.cases, plan.model.device)
+
+
+def graph_module_passes(plan: ExportPlan, work: Work, report: BuildReport) -> None:
+    """``export.graph_module.passes``: for the saved GraphModule only (the ONNX export took the graph before them)."""
+    work.module_graph, records = run_pipeline(work.graph, list(plan.graph_module_passes))
+    report.passes += records
+
+
+def write_graph_module(work: Work) -> None:
+    from aot import export
+
+    export.save_graph_module(work.module_graph or work.graph, work.staging / "graph_module")
+
+
+def write_aoti(work: Work, report: BuildReport) -> None:
+    from aot import export
+
+    report.aoti = export.write_aoti_package(work.graph, work.cases[0].inputs, work.axes, work.ranges,
+                                            work.staging / export.AOTI_FILE)
+
+
+def artifact_checks(plan: ValidationPlan, work: Work) -> ArtifactChecks:
+    """The files written, loaded as users load them; each check timed by the schedule."""
+    reference = work.reference
+    return ArtifactChecks(plan, work.cases, reference.expected, work.staging, _untimed, reference.gate, work.onnx_names)
+
+
+def add_checked(report: BuildReport, checked: tuple[list, list]) -> None:
+    validation, accuracy = checked
+    report.validation += validation
+    report.accuracy += accuracy
+
+
+def check_generation(work: Work, report: BuildReport) -> None:
+    report.generation = work.reference.generation.check_files(work.staging, lambda relative: report.files[relative]["sha256"])
+
+
+def write_build_manifest(plan: BuildPlan, work: Work, report: BuildReport) -> None:
+    manifest_path = _write(write_manifest, work.staging, manifest(plan, report))
+    report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+
+
+def manifest(plan: BuildPlan, report: BuildReport) -> dict[str, Any]:
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "name": plan.name,
+        "recipe": {"path": str(plan.recipe.path), "sha256": plan.recipe.sha256, "resolved": plan.recipe.resolved},
+        "versions": tool_versions(),
+        "trace": {key: value for key, value in report.trace.items() if key != "duration_s"},
+        "passes": [{k: v for k, v in p.to_json().items() if k != "seconds"} for p in report.passes],
+        "onnx_fusions": report.onnx_fusions,
+        "validation": [c.to_json() for c in report.validation],
+        "accuracy": [a.to_json() for a in report.accuracy],
+        "generation": [g.to_json() for g in report.generation],
+        DEPLOYMENT_KEY: report.deployment.to_json() if report.deployment is not None else None,
+        "aoti": report.aoti,
+        "artifacts": report.files,
+        # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.
+        "run": {
+            "stages_s": report.stages,
+            "trace_s": report.trace.get("duration_s"),
+            "passes_s": {f"{i + 1}:{p.name}": p.seconds for i, p in enumerate(report.passes)},
+            "memory": report.memory,
+            "peak_rss_mib_after_stage": report.peak_rss_by_stage,
+        },
+    }
+
+
+def _tensor_bytes(model: torch.nn.Module) -> int:
+    tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _untimed(name: str) -> AbstractContextManager[None]:
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def _write(writer, path: Path, *args):
+    """``writer(path, *args)``, with a full disk or a lost permission reported as an export failure naming the file."""
+    try:
+        return writer(path, *args)
+    except OSError as error:
+        raise ExportError(f"{path}: cannot write: {error.strerror or error}") from None

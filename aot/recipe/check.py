@@ -1,0 +1,95 @@
+"""``aot check``: everything a build would reject about a recipe, without building it.
+
+The stages run from cheapest to dearest, each only once the one before has
+passed: the YAML and the schema (no torch: a typo in a key is reported in a
+fraction of a second), then the pass registry (imports torch), the sizes and
+the files, and last the model's config and class (imports transformers), which
+say whether the inputs exist and fit, without creating a single weight. A
+factory model is only known once its factory has run, so its inputs are left
+to the build. The library returns a report; printing it is the CLI's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aot.recipe.plan import ModelPlan, plan_build
+from aot.recipe.load import load_recipe
+
+
+@dataclass(frozen=True)
+class DimRange:
+    """A named dim: its trace-time size and, when dynamic, the sizes the artifacts accept."""
+
+    size: int
+    dynamic: bool
+    min: int | None
+    max: int | None
+
+
+@dataclass
+class CheckReport:
+    """What a build of the recipe would do, as far as it can be told without building."""
+
+    path: str
+    name: str
+    model: str  # e.g. "config: bert", "pretrained: /abs/dir", "factory: pkg.mod:fn"
+    model_class: str | None  # the class whose forward the inputs were checked against; None when unknown
+    passes: list[str]
+    graph_module_passes: list[str]
+    dims: dict[str, DimRange]
+    validation_shapes: list[dict[str, int]]  # the trace-time shape first
+    not_checked: list[str] = field(default_factory=list)  # what only a build can tell
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        dims = ", ".join(
+            f"{name}={dim.size}" + (f" ({dim.min or 1}..{dim.max if dim.max is not None else 'any'})" if dim.dynamic else "")
+            for name, dim in self.dims.items()
+        )
+        model = self.model + (f" -> {self.model_class}" if self.model_class else "")
+        text = (f"{self.name}: {model}; {len(self.passes)} passes + {len(self.graph_module_passes)} for the GraphModule; "
+                f"dims {dims}; validated at {len(self.validation_shapes)} shapes")
+        return text + (f"; left to the build: {'; '.join(self.not_checked)}" if self.not_checked else "")
+
+
+def check_recipe(path: str | Path) -> CheckReport:
+    """Raises :class:`aot.errors.RecipeError` on the first fault, exactly as ``aot build`` would."""
+    plan = plan_build(load_recipe(path))
+    from aot.model_blueprint import model_blueprint  # transformers: only once the recipe itself is sound
+
+    blueprint = model_blueprint(plan.model)
+    not_checked = ["numerical validation (needs the weights)"]
+    if plan.model.spec.device != "cpu":
+        not_checked.append(f"whether this machine has device '{plan.model.spec.device}'")
+    if blueprint is None:
+        not_checked.insert(0, "input names and sizes against the model (a factory model is known only once built)")
+    elif blueprint.forward_class is None:
+        not_checked.insert(0, f"input names (transformers cannot tell which class {blueprint.model_class.__name__} builds)")
+    return CheckReport(
+        path=str(plan.recipe.path),
+        name=plan.name,
+        model=_model_source(plan.model),
+        model_class=blueprint.forward_class.__name__ if blueprint and blueprint.forward_class else None,
+        passes=[step.name for step in plan.passes.passes],
+        graph_module_passes=[step.name for step in plan.export.graph_module_passes],
+        dims={
+            name: DimRange(size=dim.size, dynamic=dim.dynamic, min=dim.min, max=dim.max)
+            for name, dim in plan.inputs.spec.dims.items()
+        },
+        validation_shapes=list(plan.inputs.case_dims),
+        not_checked=not_checked,
+    )
+
+
+def _model_source(plan: ModelPlan) -> str:
+    spec = plan.spec
+    if spec.factory is not None:
+        return f"factory: {spec.factory}"
+    if spec.config is not None:
+        return f"config: {spec.config['model_type']}"
+    return f"pretrained: {plan.pretrained}"

@@ -1,0 +1,231 @@
+"""Bad recipes fail at load time with one line naming file, line and key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aot.recipe.plan import plan_build
+from aot.errors import RecipeError
+from aot.recipe.load import load_recipe, recipe_json_schema_text
+from tests.conftest import TINY_BERT
+
+
+def test_tiny_recipe_loads_with_defaults(write_recipe):
+    loaded = load_recipe(write_recipe())
+    assert loaded.name == "tiny"
+    assert [p.name for p in loaded.passes] == ["merge_linears"]
+    assert loaded.recipe.trace.frontend == "fx"
+    assert loaded.recipe.export.onnx.opset == 18
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda t: t.replace("  seed: 0\n", "  seed: 0\n  sed: 1\n"), r"tiny.yaml:11: model.sed: unknown key \(did you mean 'seed'\?\)$"),
+        (lambda t: t.replace("seed: 0", "seed: zero"), r"tiny.yaml:10: model.seed: Input should be a valid integer"),
+        (lambda t: t.replace("  - merge_linears", "  - merge_lineras"), r"tiny.yaml:19: passes\[0\]: unknown pass 'merge_lineras' \(did you mean 'merge_linears'\?\)$"),
+        (lambda t: t.replace("    batch: {size: 2", "    batch: {size: -2"), r"tiny.yaml:13: inputs.dims.batch.size"),
+        (lambda t: t.replace("passes:\n  - merge_linears", "passes:\n  - merge_linears: {bogus: 1}"), r"tiny.yaml:19: passes\[0\].merge_linears.bogus: unknown key"),
+        (lambda t: t + "validate: {}\n", r"tiny.yaml:\d+: validate: duplicate key"),
+        (lambda t: t.replace("  class: BertModel\n", "  class: BertModel\n  pretrained: somewhere\n"), r"tiny.yaml:\d+: model: give exactly one"),
+        (lambda t: t.replace("shape: [batch, sequence]}", "shape: [batch, seq]}", 1), r"tiny.yaml:\d+: inputs: input 'input_ids' uses dim 'seq'"),
+    ],
+    ids=["unknown-key", "wrong-type", "unknown-pass", "bad-range", "unknown-pass-option", "duplicate-key", "two-sources", "unknown-dim"],
+)
+def test_bad_recipe_names_file_line_and_key(write_recipe, edit, expected):
+    text = edit(TINY_BERT)
+    assert text != TINY_BERT, "the edit must change the recipe"
+    with pytest.raises(RecipeError, match=expected) as caught:
+        load_recipe(write_recipe(text))
+    assert "\n" not in str(caught.value)
+
+
+def test_malformed_yaml_names_line(write_recipe):
+    with pytest.raises(RecipeError, match=r"tiny.yaml:3: malformed YAML"):
+        load_recipe(write_recipe("model:\n  config: {model_type: bert\n  seed: [\n"))
+
+
+def test_missing_pretrained_directory(write_recipe):
+    with pytest.raises(RecipeError, match=r"tiny.yaml:2: model.pretrained: pretrained directory not found"):
+        load_recipe(write_recipe("model:\n  pretrained: no/such/dir\n"))
+
+
+def test_missing_recipe_file(tmp_path):
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "absent.yaml")
+
+
+def test_pass_on_unsupported_frontend_is_rejected_at_load(write_recipe):
+    from aot.passes import registry
+
+    fx_only = [info.name for info in registry.all_passes() if "export" not in info.frontends]
+    if not fx_only:
+        pytest.skip("every registered pass runs on both frontends")
+    text = TINY_BERT.replace("  - merge_linears", f"  - {fx_only[0]}") + "trace: {frontend: export}\n"
+    with pytest.raises(RecipeError, match="cannot run on the 'export' frontend"):
+        load_recipe(write_recipe(text))
+
+
+def test_published_schema_is_current():
+    from pathlib import Path
+
+    published = Path(__file__).parents[2] / "aot" / "schema" / "recipe.schema.json"
+    assert published.read_text() == recipe_json_schema_text(), "run `aot schema > aot/schema/recipe.schema.json`"
+    schema = json.loads(published.read_text())
+    assert schema["additionalProperties"] is False
+    assert "model" in schema["required"]
+
+
+def test_the_cuda_recipe_loads_and_says_what_it_needs_where_torch_has_no_gpu():
+    from pathlib import Path
+
+    import torch
+
+    from aot.models import load_model
+
+    path = Path(__file__).parents[2] / "recipes" / "bert_cuda.yaml"
+    loaded = load_recipe(path)
+    onnx_options = loaded.recipe.export.onnx
+    assert (onnx_options.target, onnx_options.precision, onnx_options.float16) == ("cuda", "auto", True)
+    assert loaded.recipe.validate_.float16.atol == 2e-2
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the shipped-recipe tests build this recipe")
+    with pytest.raises(RecipeError, match=r"bert_cuda.yaml:\d+: model.device: 'cuda' is asked for, but this machine's torch sees no CUDA device"):
+        load_model(plan_build(loaded).model)
+
+
+def test_precision_auto_follows_the_target(write_recipe):
+    cpu = load_recipe(write_recipe()).recipe.export.onnx
+    assert (cpu.target, cpu.float16) == ("cpu", False)
+    forced = load_recipe(write_recipe(TINY_BERT + "export:\n  onnx: {precision: float16}\n")).recipe.export.onnx
+    assert forced.float16
+    cuda32 = load_recipe(write_recipe(TINY_BERT + "export:\n  onnx: {target: cuda, precision: float32}\n")).recipe.export.onnx
+    assert not cuda32.float16
+
+
+SEQUENCE = "    sequence: {size: 8, dynamic: true}\n"
+BATCH = "    batch: {size: 2, dynamic: true}\n"
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda t: t.replace(SEQUENCE, SEQUENCE.replace("}", ", max: 6}")), r"tiny.yaml:14: inputs.dims.sequence: size 8 is above max 6"),
+        (lambda t: t.replace(BATCH, BATCH.replace("}", ", min: 3}")), r"tiny.yaml:13: inputs.dims.batch: size 2 is below min 3"),
+        (lambda t: t.replace(BATCH, BATCH.replace("}", ", min: 4, max: 3}")), r"tiny.yaml:13: inputs.dims.batch: min 4 is above max 3"),
+        (
+            lambda t: t.replace(SEQUENCE, SEQUENCE.replace("}", ", max: 10}")),
+            r"tiny.yaml:23: validate.shapes\[1\].sequence: 12 is above the max 10 of dim 'sequence'",
+        ),
+        (
+            lambda t: t.replace(SEQUENCE, SEQUENCE.replace("}", ", min: 6}")),
+            r"tiny.yaml:22: validate.shapes\[0\].sequence: 5 is below the min 6 of dim 'sequence'",
+        ),
+        (lambda t: t.replace("{batch: 1, sequence: 5}", "{batch: 0, sequence: 5}"), r"tiny.yaml:22: validate.shapes\[0\].batch: 0 is below the min 1"),
+        (
+            lambda t: t.replace("{batch: 1, sequence: 5}", "{batch: 1, sequense: 5}"),
+            r"tiny.yaml:22: validate.shapes\[0\].sequense: no dim 'sequense' under inputs.dims",
+        ),
+        (
+            lambda t: t.replace(BATCH, BATCH.replace("true", "false")),
+            r"tiny.yaml:22: validate.shapes\[0\].batch: dim 'batch' is not dynamic, so it stays 2",
+        ),
+        (lambda t: t.replace("validate:\n", "validate:\n  rtol: .inf\n"), r"tiny.yaml:21: validate.rtol: Input should be a finite number"),
+        (lambda t: t.replace("validate:\n", "validate:\n  atol: .nan\n"), r"tiny.yaml:21: validate.atol: Input should be a finite number"),
+        (lambda t: t.replace("validate:\n", "validate:\n  atol: -1.0e-3\n"), r"tiny.yaml:21: validate.atol: Input should be greater than or equal to 0"),
+        (
+            lambda t: t.replace("validate:\n", "validate:\n  float16: {atol: 1.0e-2, rtol: .inf}\n"),
+            r"tiny.yaml:21: validate.float16.rtol: Input should be a finite number",
+        ),
+    ],
+    ids=[
+        "size-above-max", "size-below-min", "min-above-max", "shape-above-max", "shape-below-min", "shape-zero",
+        "shape-unknown-dim", "shape-static-dim", "rtol-inf", "atol-nan", "atol-negative", "float16-rtol-inf",
+    ],
+)
+def test_sizes_and_tolerances_are_checked_at_load(write_recipe, edit, expected):
+    assert load_recipe(write_recipe()).recipe.validate_.shapes  # precondition: the unedited recipe loads
+    text = edit(TINY_BERT)
+    assert text != TINY_BERT, "the edit must change the recipe"
+    with pytest.raises(RecipeError, match=expected) as caught:
+        load_recipe(write_recipe(text))
+    assert caught.value.exit_code == 2
+    assert "\n" not in str(caught.value)
+
+
+PRETRAINED = """\
+model:
+  pretrained: tiny-pretrained
+  class: BertModel
+inputs:
+  dims:
+    batch: {size: 2, dynamic: true, max: 4}
+    sequence: {size: 8, dynamic: true, max: 32}
+  tensors:
+    - {name: input_ids, shape: [batch, sequence]}
+"""
+
+
+def _pretrained_dir(tmp_path, config_text: str):
+    directory = tmp_path / "tiny-pretrained"
+    directory.mkdir()
+    (directory / "config.json").write_text(config_text)
+    return directory
+
+
+def test_pretrained_sequence_beyond_position_embeddings_names_dim_and_config_key(write_recipe, tmp_path):
+    directory = _pretrained_dir(tmp_path, json.dumps({"model_type": "bert", "max_position_embeddings": 32}))
+    assert load_recipe(write_recipe(PRETRAINED)).recipe.inputs.dims["sequence"].max == 32  # precondition: 32 fits
+    (directory / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 16}))
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(write_recipe(PRETRAINED))
+    assert str(caught.value) == (
+        f"{tmp_path / 'tiny.yaml'}:7: inputs.dims.sequence.max: dim 'sequence' max 32 is above the model's "
+        f"max_position_embeddings 16 ({directory / 'config.json'}): it is axis 1 of input 'input_ids'"
+    )
+
+
+def test_pretrained_gpt2_limit_is_n_positions_and_covers_validation_shapes(write_recipe, tmp_path):
+    _pretrained_dir(tmp_path, json.dumps({"model_type": "gpt2", "n_positions": 16}))
+    text = PRETRAINED.replace(", max: 32}", "}") + "validate:\n  shapes:\n    - {sequence: 20}\n"
+    with pytest.raises(RecipeError, match=r"tiny.yaml:12: validate.shapes\[0\].sequence: validation shape sequence=20 is above the model's n_positions 16"):
+        load_recipe(write_recipe(text))
+
+
+def test_default_validation_shape_beyond_the_limit_asks_for_a_max(write_recipe, tmp_path):
+    _pretrained_dir(tmp_path, json.dumps({"model_type": "bert", "max_position_embeddings": 16}))
+    text = PRETRAINED.replace("sequence: {size: 8, dynamic: true, max: 32}", "sequence: {size: 10, dynamic: true}")
+    with pytest.raises(RecipeError, match=r"tiny.yaml:7: inputs.dims.sequence: default validation shape sequence=19 \(set the dim's max\)"):
+        load_recipe(write_recipe(text))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "llama", "max_position_embeddings": 16, "rope_theta": 10000.0},
+        {"model_type": "llama", "max_position_embeddings": 16, "rope_parameters": {"rope_type": "default"}},
+        {"model_type": "deberta-v2", "max_position_embeddings": 16, "position_biased_input": False},
+    ],
+    ids=["rope-theta", "rope-parameters", "no-absolute-positions"],
+)
+def test_position_limit_is_only_checked_for_a_table_of_positions(write_recipe, tmp_path, config):
+    # Rotary embeddings are computed for any position: their max_position_embeddings is no hard limit.
+    directory = _pretrained_dir(tmp_path, json.dumps({"model_type": "bert", "max_position_embeddings": 16}))
+    with pytest.raises(RecipeError, match="max_position_embeddings 16"):  # precondition: 32 is checked against 16
+        load_recipe(write_recipe(PRETRAINED))
+    (directory / "config.json").write_text(json.dumps(config))
+    assert load_recipe(write_recipe(PRETRAINED)).recipe.inputs.dims["sequence"].max == 32
+
+
+@pytest.mark.parametrize(
+    ("config_text", "expected"),
+    [("{not json", r"cannot read .*config.json: Expecting property name"), ("[1, 2]", r".*config.json holds no JSON object")],
+    ids=["not-json", "not-an-object"],
+)
+def test_pretrained_config_json_that_does_not_parse(write_recipe, tmp_path, config_text, expected):
+    _pretrained_dir(tmp_path, config_text)
+    with pytest.raises(RecipeError, match=r"tiny.yaml:2: model.pretrained: " + expected) as caught:
+        load_recipe(write_recipe(PRETRAINED))
+    assert "\n" not in str(caught.value)
