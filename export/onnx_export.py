@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,10 @@ logger = logging.getLogger(__name__)
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2  # bytes of weights; protobuf refuses files over 2 GiB
 _DROPPED_NODE_METADATA = ("pkg.torch.onnx.stack_trace",)
+# A function the traced code calls (torch.sym_min in Mistral's sliding window) enters the module stack
+# the exporter records as its repr, "<function sym_min at 0x7f16f063e480>": an address that differs
+# in every process.
+_OBJECT_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
 _WRITE_THREADS = 2
 
 
@@ -235,10 +240,14 @@ def _check_dynamic_axes(model, dynamic_dims: dict[str, dict[int, str]], path: Pa
 
 
 def _drop_unreproducible_metadata(model: ir.Model) -> None:
+    """Stack traces go (they name this machine's paths); object addresses in what stays are cut out."""
     for graph in (model.graph, *model.functions.values()):
         for node in ir.traversal.RecursiveGraphIterator(graph):
             for key in _DROPPED_NODE_METADATA:
                 node.metadata_props.pop(key, None)
+            for key, value in node.metadata_props.items():
+                if " at 0x" in value:
+                    node.metadata_props[key] = _OBJECT_ADDRESS.sub(">", value)
 
 
 def _contiguous_on_write(model) -> None:

@@ -115,7 +115,7 @@ def prepare_graph_module(plan: ExportPlan, work: Work) -> None:
     if generation is not None:
         work.graph.meta["decoder"] = generation.artifact_meta
     buckets = plan.graph_module.cuda_graphs
-    if buckets:  # module.py then replays its buckets from CUDA graphs (aot.cuda_graphs)
+    if buckets and plan.graph_module.enabled:  # module.py then replays its buckets from CUDA graphs (aot.cuda_graphs)
         work.graph.meta["cuda_graphs"] = cuda_graph_spec(buckets, work.axes, work.graph, work.cases, plan.model.device)
 
 
