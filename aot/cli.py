@@ -259,12 +259,14 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--gap-ms", default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")
 @click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
 @click.option("--new-tokens", default=32, show_default=True, help="A decoder build: tokens each timed generation makes (its dims: -s batch=1,2 -s prompt=32,128).")
+@click.option("--recipe", type=click.Path(dir_okay=False, path_type=str),
+              help="Recipe to rebuild the eager model from (default: the one the manifest names, else the build's copy).")
 @_EXPECT_SHA256
 @_TRUST_CODE
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
 def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, gap_ms, in_process, new_tokens,
-                  expect_sha256, trust_code, as_json) -> None:
+                  recipe, expect_sha256, trust_code, as_json) -> None:
     """Time eager, the saved GraphModule, ONNX Runtime and the AOTInductor package, each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
@@ -287,7 +289,7 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
         report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
                        tick=progress.tick, progress=progress, expect_sha256=expect_sha256,
                        mode="in-process" if in_process else "processes", gap_ms=gap_ms, new_tokens=new_tokens,
-                       trust_code=trust_code)
+                       trust_code=trust_code, recipe=recipe)
         if chart:
             from aot.bench.chart import draw_chart
 

@@ -132,6 +132,7 @@ def bench(
     gap_ms: float = 50.0,
     new_tokens: int = 32,
     trust_code: bool = False,
+    recipe: str | Path | None = None,
 ) -> BenchReport:
     if mode not in MODES:
         raise RecipeError(f"bench mode '{mode}' is not one of {', '.join(MODES)}")
@@ -140,7 +141,7 @@ def bench(
     with stage("check_files"):
         integrity = verify_directory(directory, expect_sha256)
         require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "aot bench")
-        plan = plan_build(recipe_of_build(directory, integrity.manifest))
+        plan = plan_build(recipe_of_build(directory, integrity.manifest, recipe))
     shapes = grid_shapes(plan, grid or {})
     _check_peers_fit(plan, peers)
     if plan.model.decoder_step and new_tokens < 2:
@@ -156,7 +157,7 @@ def bench(
     with tempfile.TemporaryDirectory(prefix="aot-bench-") as workdir, _hosts(in_process) as start:
         spec = RunnerSpec(build=str(directory), runner="", threads=threads, workdir=workdir, shapes=shapes,
                           module_sha256=integrity.sha256_of("graph_module/module.py"), shared_process=in_process,
-                          new_tokens=new_tokens)
+                          new_tokens=new_tokens, recipe=str(recipe) if recipe else None)
         hosts: dict[str, Any] = {}
         for name in names:  # one after the other: eager first, since it makes the inputs the others read
             with stage(f"load {name}"):

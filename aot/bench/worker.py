@@ -46,6 +46,7 @@ class RunnerSpec:
     module_sha256: str | None = None  # graph_module/module.py as the manifest lists it
     shared_process: bool = False  # in-process mode: ONNX Runtime must not spin between calls
     new_tokens: int = 32  # a decoder build: tokens each timed generation makes
+    recipe: str | None = None  # the recipe the eager model is rebuilt from (aot bench --recipe); None: the build's own
 
 
 class RunnerHost:
@@ -113,7 +114,7 @@ class RunnerHost:
         from aot.validate.artifacts import eager_extra_arguments, recipe_of_build
 
         spec, build = self.spec, Path(self.spec.build)
-        plan = plan_build(recipe_of_build(build, json.loads((build / "manifest.json").read_text())))
+        plan = plan_build(recipe_of_build(build, json.loads((build / "manifest.json").read_text()), spec.recipe))
         inputs_file = Path(spec.workdir) / INPUTS_FILE
         if plan.model.decoder_step:
             self.generates = True
