@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import textwrap
 from pathlib import Path
@@ -13,8 +15,9 @@ from click.testing import CliRunner
 from aot.cli import main
 
 # The builds of this session record themselves here (aot.build.consent), not in the user's cache; the
-# processes the tests start inherit it.
+# processes the tests start inherit it. It goes with the session.
 os.environ["AOT_CACHE_DIR"] = tempfile.mkdtemp(prefix="aot-test-cache-")
+atexit.register(shutil.rmtree, os.environ["AOT_CACHE_DIR"], ignore_errors=True)
 
 TINY_BERT = """\
 model:
