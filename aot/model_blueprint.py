@@ -16,8 +16,8 @@ from typing import Any
 from aot.compat.transformers_cache import CACHE_ARGUMENT_NAMES, is_cache_argument
 from aot.errors import first_line
 from aot.recipe.plan import ModelPlan
-from aot.tracing.dummy_inputs import forward_parameters
 from aot.recipe.ranges import POSITION_LIMIT_KEYS, check_position_limit
+from aot.tracing.dummy_inputs import forward_parameters
 
 
 @dataclass

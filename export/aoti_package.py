@@ -48,11 +48,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from aot.build.manifest import AOTI_FILE, cpu_model
 from aot.compat.torch_private import aoti_compile_and_package
 from aot.errors import ExportError, first_line
-from aot.build.manifest import AOTI_FILE, cpu_model
-from aot.validate.outputs import flatten_outputs
 from aot.process.quiet import quiet_torch
+from aot.validate.outputs import flatten_outputs
 
 from .export_shapes import dynamic_shapes_of, ordered_inputs
 

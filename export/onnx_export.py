@@ -34,10 +34,10 @@ import torch.fx
 
 from aot.compat.torch_private import ONNX_REGISTRATION_LOGGER, fx_code_without_stack_traces
 from aot.errors import ExportError, first_line
-from aot.validate.outputs import flatten_outputs
 from aot.process.quiet import quiet_torch
 from aot.tracing.export_trace import INFERRED
 from aot.tracing.source_location import raised_at
+from aot.validate.outputs import flatten_outputs
 
 from .contiguous_copies import with_explicit_copies
 from .export_shapes import dynamic_shapes_of, ordered_inputs

@@ -9,11 +9,11 @@ import pytest
 import torch
 import transformers
 
-from aot.recipe.plan import plan_build
 from aot.errors import RecipeError
 from aot.inputs import shape_cases
 from aot.models import load_model
 from aot.recipe.load import load_recipe
+from aot.recipe.plan import plan_build
 from tests.conftest import TINY_BERT
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import aot
-from aot.recipe.plan import plan_build
 from aot.build.spine import build
+from aot.recipe.plan import plan_build
 from tests.conftest import rehash_manifest, run_aot
 
 pytestmark = pytest.mark.slow

@@ -17,17 +17,17 @@ import onnx
 import pytest
 import torch
 
-from aot.recipe.plan import plan_build
-from aot.validate.accuracy import make_gate
 from aot.build.spine import build
-from aot.validate.artifacts import eager_outputs
 from aot.export import run_onnx
 from aot.inputs import dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.models import load_model
-from aot.validate.outputs import flatten_outputs
 from aot.recipe.load import fidelity_gate, load_recipe
+from aot.recipe.plan import plan_build
 from aot.tracing.export_trace import INFERRED
+from aot.validate.accuracy import make_gate
+from aot.validate.artifacts import eager_outputs
 from aot.validate.artifacts import compare_outputs, eager_runner
+from aot.validate.outputs import flatten_outputs
 from tests.conftest import rehash_manifest
 from tests.export.isolated import run_isolated
 

@@ -14,11 +14,11 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import aot.runtime.upcast_weights as upcast_weights
-from aot.recipe.plan import plan_build
 from aot.build.spine import build
 from aot.errors import RecipeError
 from aot.passes import registry
 from aot.recipe.load import load_recipe
+from aot.recipe.plan import plan_build
 from aot.runtime.upcast_weights import UpcastEmbedding, UpcastLinear
 from aot.weights_dtype import compute_dtype, keep_weights_narrow, widen_leftover_linears
 

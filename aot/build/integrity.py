@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from aot.errors import IntegrityError, RecipeError
 from aot.build.manifest import MANIFEST_NAME, sha256_file
+from aot.errors import IntegrityError, RecipeError
 
 
 @dataclass

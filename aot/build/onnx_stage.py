@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from aot.process.forked import ForkedStep
 from aot.inputs import ShapeCase
-from aot.validate.outputs import graph_output_names
+from aot.process.forked import ForkedStep
 from aot.recipe.schema import OnnxSpec, ModelSpec
 from aot.validate.artifacts import run_module
+from aot.validate.outputs import graph_output_names
 
 log = logging.getLogger(__name__)
 

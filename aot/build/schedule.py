@@ -27,22 +27,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any
 
+from aot.build.manifest import describe_files, hash_files
+from aot.build.onnx_stage import OnnxStage
+from aot.build.report import BuildReport
+from aot.build.stages import Progress, Stages
 from aot.build.steps import Work
 from aot.compat.torch_private import EXPORT_STACK_MODULES
 from aot.process.imports_beside import imports_beside
-from aot.build.manifest import describe_files, hash_files
 from aot.process.memory import MemoryWatch, release_freed_memory, resident_mib
-from aot.build.onnx_stage import OnnxStage
 from aot.recipe.plan import BuildPlan
-from aot.build.stages import Progress, Stages
 
-if TYPE_CHECKING:
-    from aot.build.spine import BuildReport
 
 log = logging.getLogger(__name__)
 

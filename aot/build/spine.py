@@ -10,65 +10,23 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aot.build import steps
-from aot.bundle import Deployment
-from aot.build.schedule import BuildSchedule
-from aot.compat.window import warn_outside_window
 from aot.build.consent import remember_build
-from aot.decoding.generation_check import GenerationCheck
-from aot.process.memory import MemoryWatch
 from aot.build.outdir import check_replaceable, staged_directory
-from aot.build.pipeline import PassRecord
-from aot.recipe.plan import BuildPlan, plan_build
-from aot.recipe.load import LoadedRecipe, load_recipe
+from aot.build.report import BuildReport
+from aot.build.schedule import BuildSchedule
 from aot.build.stages import Progress
-from aot.validate.accuracy import AccuracyResult
-from aot.validate.artifacts import Comparison, raise_on_failure
+from aot.compat.window import warn_outside_window
+from aot.process.memory import MemoryWatch
+from aot.recipe.load import LoadedRecipe, load_recipe
+from aot.recipe.plan import BuildPlan, plan_build
+from aot.validate.artifacts import raise_on_failure
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class BuildReport:
-    name: str
-    output: str
-    manifest_sha256: str | None = None
-    stages: dict[str, float] = field(default_factory=dict)
-    passes: list[PassRecord] = field(default_factory=list)
-    validation: list[Comparison] = field(default_factory=list)
-    accuracy: list[AccuracyResult] = field(default_factory=list)
-    trace: dict[str, Any] = field(default_factory=dict)
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    memory: dict[str, float] = field(default_factory=dict)
-    peak_rss_by_stage: dict[str, float] = field(default_factory=dict)
-    onnx_fusions: dict[str, int] = field(default_factory=dict)
-    generation: list[GenerationCheck] = field(default_factory=list)
-    deployment: Deployment | None = None
-    aoti: dict[str, Any] | None = None  # what export.write_aoti_package records of the AOTInductor package
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.validation + self.accuracy + self.generation)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "output": self.output,
-            "ok": self.ok,
-            "manifest_sha256": self.manifest_sha256,
-            "stages_s": self.stages,
-            "passes": [p.to_json() for p in self.passes],
-            "onnx_fusions": self.onnx_fusions,
-            "validation": [c.to_json() for c in self.validation],
-            "accuracy": [a.to_json() for a in self.accuracy],
-            "generation": [g.to_json() for g in self.generation],
-            "files": self.files,
-            "memory": self.memory,
-        }
+__all__ = ["BuildReport", "build", "default_output"]
 
 
 def default_output(plan: BuildPlan) -> Path:

@@ -1,7 +1,7 @@
 """The build's stages, each a function of its section of the plan and of what earlier stages made.
 
 Each stage reads what it needs from :class:`Work` and writes what it makes there, or into the
-:class:`~aot.build.spine.BuildReport`. None decides when it runs, what runs beside it, or when
+:class:`~aot.build.report.BuildReport`. None decides when it runs, what runs beside it, or when
 memory is freed: :class:`aot.build.schedule.BuildSchedule` does.
 """
 
@@ -11,26 +11,24 @@ import hashlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from aot.validate.accuracy import make_gate
-from aot.bundle import DEPLOYMENT_KEY, write_deployment_files
 from aot.build.capture import capture
+from aot.build.manifest import MANIFEST_VERSION, tool_versions, write_manifest
+from aot.build.pipeline import run_pipeline
+from aot.build.report import BuildReport
+from aot.bundle import DEPLOYMENT_KEY, write_deployment_files
 from aot.cuda_graphs import cuda_graph_spec
-from aot.validate.eager_guard import check_after_each_pass
 from aot.errors import ExportError
 from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
-from aot.build.manifest import MANIFEST_VERSION, tool_versions, write_manifest
 from aot.models import load_model
-from aot.build.pipeline import run_pipeline
 from aot.recipe.plan import BuildPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
+from aot.validate.accuracy import make_gate
 from aot.validate.artifacts import ArtifactChecks, eager_outputs, eager_runner, generation_reference, validate_graph
+from aot.validate.eager_guard import check_after_each_pass
 from aot.weights_dtype import widen_leftover_linears
-
-if TYPE_CHECKING:
-    from aot.build.spine import BuildReport
 
 
 @dataclass

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aot.recipe.plan import ModelPlan, plan_build
 from aot.recipe.load import load_recipe
+from aot.recipe.plan import ModelPlan, plan_build
 
 
 @dataclass(frozen=True)

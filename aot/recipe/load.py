@@ -23,8 +23,8 @@ import pydantic
 from aot.errors import RecipeError, did_you_mean, first_line
 from aot.recipe.locator import Located, RecipeLocator, line_for
 from aot.recipe.ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes, sequence_demands
-from aot.recipe.schema import FidelitySpec, PassSpec, Recipe
 from aot.recipe.reader import Location, dotted, parse_recipe_yaml, read_recipe_text
+from aot.recipe.schema import FidelitySpec, PassSpec, Recipe
 
 
 @dataclass

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aot.recipe.locator import RecipeLocator
-from aot.recipe.schema import DimSpec, InputsSpec
 from aot.recipe.reader import Location
+from aot.recipe.schema import DimSpec, InputsSpec
 
 POSITION_LIMIT_KEYS = ("max_position_embeddings", "n_positions")  # n_positions: GPT-2's name for it
 """Config keys for the longest sequence a model has position embeddings for, in the order looked up."""

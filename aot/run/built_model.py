@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from aot.bundle import DEPLOYMENT_KEY
 from aot.build.consent import require_consent
-from aot.errors import RecipeError
 from aot.build.integrity import verify_directory
 from aot.build.manifest import AOTI_FILE
+from aot.bundle import DEPLOYMENT_KEY
+from aot.errors import RecipeError
 
 from .artifacts import RUNTIMES, AotiArtifact, OnnxArtifact, TorchArtifact
 

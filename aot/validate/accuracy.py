@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from aot.validate.outputs import flatten_outputs
 from aot.recipe.plan import GatePlan
 from aot.recipe.schema import AccuracySpec, DimSpec
+from aot.validate.outputs import flatten_outputs
 
 Batch = dict[str, torch.Tensor]
 

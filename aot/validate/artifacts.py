@@ -30,19 +30,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from aot.validate.accuracy import AccuracyResult, Gate, make_gate
-from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
-from aot.inputs import ShapeCase, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.build.consent import require_consent
 from aot.build.integrity import verify_directory
 from aot.build.manifest import MANIFEST_NAME
-from aot.process.memory import release_freed_memory
-from aot.models import forward_parameters, load_model
-from aot.validate.outputs import flatten_outputs
-from aot.recipe.plan import BisectPlan, DeploymentPlan, FidelityPlan, GenerationPlan, ValidationPlan, plan_build
-from aot.recipe.load import LoadedRecipe, load_recipe
-from aot.recipe.schema import Tolerance, ValidateSpec
 from aot.build.stages import Progress, Stages
+from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
+from aot.inputs import ShapeCase, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
+from aot.models import forward_parameters, load_model
+from aot.process.memory import release_freed_memory
+from aot.recipe.load import LoadedRecipe, load_recipe
+from aot.recipe.plan import BisectPlan, DeploymentPlan, FidelityPlan, GenerationPlan, ValidationPlan, plan_build
+from aot.recipe.schema import Tolerance, ValidateSpec
+from aot.validate.accuracy import AccuracyResult, Gate, make_gate
+from aot.validate.outputs import flatten_outputs
 
 
 @dataclass

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 from aot.errors import AotError
-from aot.validate.outputs import flatten_outputs
 from aot.tracing import export_trace, symbolic_trace
 from aot.tracing.dummy_inputs import default_input_names
 from aot.tracing.shape_check import same_random_draws
 from aot.validate.artifacts import compare_outputs, eager_outputs
+from aot.validate.outputs import flatten_outputs
 
 from .architectures import find_class
 from .shapes import SHAPES, inputs_at, named_axes

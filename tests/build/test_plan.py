@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import aot
+from aot.recipe.load import load_recipe
 import aot.recipe.plan
 from aot.recipe.plan import BuildPlan, plan_build
-from aot.recipe.load import load_recipe
 
 REPO = Path(aot.__file__).resolve().parent.parent
 SPINE_FILES = {"aot/build/spine.py", "aot/build/steps.py", "aot/build/schedule.py", "aot/recipe/plan.py"}

@@ -7,8 +7,8 @@ import logging
 
 from packaging.requirements import Requirement
 
-from aot.compat import window
 from aot.build.manifest import tool_versions
+from aot.compat import window
 from tests.log_messages import messages_of
 
 

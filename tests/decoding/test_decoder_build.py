@@ -10,7 +10,6 @@ import onnx
 import pytest
 import torch
 
-from aot.recipe.plan import plan_build
 from aot.build.spine import build
 from aot.decoding.generation_check import ForcedStep, check_generation, eager_tokens, prompts
 from aot.decoding.greedy import greedy_generate
@@ -18,6 +17,7 @@ from aot.decoding.names import input_names, output_names
 from aot.errors import RecipeError
 from aot.models import load_model
 from aot.recipe.load import load_recipe
+from aot.recipe.plan import plan_build
 
 _TINY = {
     "gpt2": "{model_type: gpt2, n_embd: 64, n_layer: 2, n_head: 4, vocab_size: 128, n_positions: 128, initializer_range: 0.2}",

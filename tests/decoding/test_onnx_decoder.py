@@ -103,7 +103,6 @@ def test_onnx_step_runs_a_one_token_prompt(name, onnx_file):
     assert divergence is None, divergence.describe("OnnxStep", "len 1, batch 1")
 
 
-
 def test_the_build_cuts_object_addresses_out_of_node_metadata(onnx_file):
     """Mistral's window calls torch.sym_min, whose repr ("<function sym_min at 0x7f...>") the exporter records in each
     node's module stack: an address that differs in every process. The build's ONNX writer cuts it out, so that two

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from aot.inputs import ShapeCase
 from aot.build.onnx_stage import OnnxStage
+from aot.inputs import ShapeCase
 from aot.recipe.schema import OnnxSpec
 
 

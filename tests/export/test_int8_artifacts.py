@@ -13,9 +13,9 @@ import torch
 
 from aot.export import save_graph_module
 from aot.export.graph_module_artifact import load_standalone
-from aot.validate.outputs import flatten_outputs
 from aot.passes import MergeLinears, QuantizeLinearInt8
 from aot.runtime import Int8DynamicLinear
+from aot.validate.outputs import flatten_outputs
 
 from . import models
 from .as_built import write_as_built

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from aot.build.pipeline import run_pipeline
 from aot.errors import PassError
 from aot.passes import DeadCodeElimination, MergeLinears, RemoveDropout
-from aot.build.pipeline import run_pipeline
 from aot.recipe.schema import PassSpec
 from tests.passes.helpers import LinearPair, fx_graph
 

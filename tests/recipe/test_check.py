@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-from aot.recipe.check import CheckReport, DimRange, check_recipe
 from aot.errors import RecipeError
+from aot.recipe.check import CheckReport, DimRange, check_recipe
 from tests.conftest import TINY_BERT
 
 RECIPES_DIR = Path(__file__).parents[2] / "recipes"

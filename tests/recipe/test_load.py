@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from aot.recipe.plan import plan_build
 from aot.errors import RecipeError
 from aot.recipe.load import load_recipe, recipe_json_schema_text
+from aot.recipe.plan import plan_build
 from tests.conftest import TINY_BERT
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from aot.recipe import reader
 from aot.errors import RecipeError
+from aot.recipe import reader
 from aot.recipe.load import load_recipe
 from tests.conftest import TINY_BERT
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 import transformers
 
-from aot.validate.outputs import flatten_outputs
 from aot.tracing import export_trace
+from aot.validate.outputs import flatten_outputs
 from tests.tracing.tracing_zoo import EXPORT_DIMS, unpadded_token_inputs
-
 
 
 def test_a_decoder_whose_config_asks_for_a_cache_exports_and_matches_eager():

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from aot.recipe.plan import plan_build
-from aot.validate.accuracy import AccuracyData, measure
 from aot.errors import RecipeError
 from aot.recipe.load import load_recipe
+from aot.recipe.plan import plan_build
 from aot.recipe.schema import AccuracySpec
+from aot.validate.accuracy import AccuracyData, measure
 from tests.conftest import TINY_BERT, run_aot
 
 GATED = TINY_BERT.replace("  - merge_linears\n", "  - merge_linears\n  - approximate_gelu\n") + """\

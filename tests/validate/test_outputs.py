@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aot.validate.outputs import flatten_outputs, graph_output_names
 from aot.tracing import export_trace, symbolic_trace
+from aot.validate.outputs import flatten_outputs, graph_output_names
 from tests.tracing.tracing_zoo import ZOO
 
 

@@ -1,0 +1,51 @@
+"""What a build reports: its stages' times, passes, checks, files, memory; the CLI prints it, the manifest records it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aot.bundle import Deployment
+from aot.decoding.generation_check import GenerationCheck
+from aot.build.pipeline import PassRecord
+from aot.validate.accuracy import AccuracyResult
+from aot.validate.artifacts import Comparison
+
+
+@dataclass
+class BuildReport:
+    name: str
+    output: str
+    manifest_sha256: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+    passes: list[PassRecord] = field(default_factory=list)
+    validation: list[Comparison] = field(default_factory=list)
+    accuracy: list[AccuracyResult] = field(default_factory=list)
+    trace: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    memory: dict[str, float] = field(default_factory=dict)
+    peak_rss_by_stage: dict[str, float] = field(default_factory=dict)
+    onnx_fusions: dict[str, int] = field(default_factory=dict)
+    generation: list[GenerationCheck] = field(default_factory=list)
+    deployment: Deployment | None = None
+    aoti: dict[str, Any] | None = None  # what export.write_aoti_package records of the AOTInductor package
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.validation + self.accuracy + self.generation)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "output": self.output,
+            "ok": self.ok,
+            "manifest_sha256": self.manifest_sha256,
+            "stages_s": self.stages,
+            "passes": [p.to_json() for p in self.passes],
+            "onnx_fusions": self.onnx_fusions,
+            "validation": [c.to_json() for c in self.validation],
+            "accuracy": [a.to_json() for a in self.accuracy],
+            "generation": [g.to_json() for g in self.generation],
+            "files": self.files,
+            "memory": self.memory,
+        }
