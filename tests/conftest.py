@@ -45,6 +45,19 @@ validate:
     - {batch: 3, sequence: 12}
 """
 
+# A pretrained tiny BERT (a `pretrained/` directory beside the recipe), one input.
+PRETRAINED = """\
+model:
+  pretrained: pretrained
+  class: BertModel
+inputs:
+  dims:
+    batch: {size: 2, dynamic: true}
+    sequence: {size: 8, dynamic: true}
+  tensors:
+    - {name: input_ids, shape: [batch, sequence]}
+"""
+
 
 @pytest.fixture
 def write_recipe(tmp_path: Path):

@@ -14,7 +14,7 @@ from aot.inputs import shape_cases
 from aot.models import load_model
 from aot.recipe.load import load_recipe
 from aot.recipe.plan import plan_build
-from tests.conftest import TINY_BERT
+from tests.conftest import PRETRAINED, TINY_BERT
 
 
 class WeightsBuilt(Exception):
@@ -132,17 +132,6 @@ def test_shape_cases_follow_the_recipe(write_recipe):
 
 # --- pretrained directories with broken weights
 
-PRETRAINED = """\
-model:
-  pretrained: pretrained
-  class: BertModel
-inputs:
-  dims:
-    batch: {size: 2, dynamic: true}
-    sequence: {size: 8, dynamic: true}
-  tensors:
-    - {name: input_ids, shape: [batch, sequence]}
-"""
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-PRETRAINED = """\
-model:
-  pretrained: pretrained
-  class: BertModel
-inputs:
-  dims:
-    batch: {size: 2, dynamic: true}
-    sequence: {size: 8, dynamic: true}
-  tensors:
-    - {name: input_ids, shape: [batch, sequence]}
-"""
+from tests.conftest import PRETRAINED
+
 
 
 @pytest.fixture(scope="module")
