@@ -25,7 +25,8 @@ def test_bench_runs_each_runner_in_its_own_process_with_paired_ratios(cli, tiny_
         assert by_name["eager"]["speedup"] == 1.0 and by_name["eager"]["paired_speedup"] == 1.0
         for figures in by_name.values():
             assert 0 < figures["p10_ms"] <= figures["median_ms"] <= figures["p90_ms"]
-            assert figures["speedup"] == pytest.approx(by_name["eager"]["median_ms"] / figures["median_ms"], rel=1e-2)
+            # the report rounds a speedup to 3 decimals: a runner ~90x slower than eager (0.011) is off by 1.3% from that alone
+            assert figures["speedup"] == pytest.approx(by_name["eager"]["median_ms"] / figures["median_ms"], rel=1e-2, abs=5e-4)
             assert 0 < figures["paired_p10"] <= figures["paired_speedup"] <= figures["paired_p90"]
             assert figures["first_call_ms"] > 0
         for name in ("eager", "graph_module", "onnx"):

@@ -11,7 +11,6 @@ import transformers
 from tests.conftest import PRETRAINED
 
 
-
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory) -> tuple[Path, Path]:
     """A build of a recipe whose checkpoint path is relative, after the recipe file moved away: (build, moved recipe)."""
