@@ -26,7 +26,7 @@ from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, o
 from aot.models import load_model
 from aot.recipe.plan import BuildPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
 from aot.validate.accuracy import make_gate
-from aot.validate.artifacts import ArtifactChecks, eager_outputs, eager_runner, generation_reference, validate_graph
+from aot.validate.artifacts import ArtifactChecks, eager_outputs, eager_runner, generation_reference, untimed_stage, validate_graph
 from aot.validate.eager_guard import check_after_each_pass
 from aot.weights_dtype import widen_leftover_linears
 
@@ -139,7 +139,7 @@ def write_aoti(work: Work, report: BuildReport) -> None:
 def artifact_checks(plan: ValidationPlan, work: Work) -> ArtifactChecks:
     """The files written, loaded as users load them; each check timed by the schedule."""
     reference = work.reference
-    return ArtifactChecks(plan, work.cases, reference.expected, work.staging, _untimed, reference.gate, work.onnx_names)
+    return ArtifactChecks(plan, work.cases, reference.expected, work.staging, untimed_stage, reference.gate, work.onnx_names)
 
 
 def add_checked(report: BuildReport, checked: tuple[list, list]) -> None:
@@ -186,12 +186,6 @@ def manifest(plan: BuildPlan, report: BuildReport) -> dict[str, Any]:
 def _tensor_bytes(model: torch.nn.Module) -> int:
     tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def _untimed(name: str) -> AbstractContextManager[None]:
-    from contextlib import nullcontext
-
-    return nullcontext()
 
 
 def _write(writer, path: Path, *args):
