@@ -17,6 +17,7 @@ from .deep_copy import DeepCopy
 from .fuse_batch_norm_1d_in_linear import FuseBatchNorm1dInLinear
 from .fuse_batch_norm_2d_in_conv_2d import FuseBatchNorm2dInConv2d
 from .fuse_bias_in_linear import FuseBiasInLinear
+from .group_query_attention import GroupQueryAttention
 from .lint_and_recompile import LintAndRecompile
 from .merge_linears import MergeLinears
 from .prepack_linear_weights import PrepackLinearWeights
@@ -38,6 +39,7 @@ __all__ = [
     "FuseBatchNorm1dInLinear",
     "FuseBatchNorm2dInConv2d",
     "FuseBiasInLinear",
+    "GroupQueryAttention",
     "LintAndRecompile",
     "Match",
     "MergeLinears",

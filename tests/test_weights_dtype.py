@@ -108,7 +108,7 @@ def test_merged_and_quantised_layers_keep_reading_the_narrow_weights(bfloat16_ch
 
 def _recipe(root: Path, checkpoint: Path, weights_dtype: str | None) -> Path:
     recipe = yaml.safe_load((RECIPES / "llama_int4.yaml").read_text())
-    assert recipe["passes"][1] == {"quantize_linear_weights": {"bits": 4, "group_size": 32}}, "precondition: an int4 recipe"
+    assert {"quantize_linear_weights": {"bits": 4, "group_size": 32}} in recipe["passes"], "precondition: an int4 recipe"
     recipe["model"] = {"pretrained": str(checkpoint), "class": "LlamaForCausalLM", "attn_implementation": "sdpa"}
     if weights_dtype:
         recipe["model"]["weights_dtype"] = weights_dtype
