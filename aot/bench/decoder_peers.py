@@ -6,7 +6,9 @@
   for the CPU (``-p int4 -e cpu``: ``MatMulNBits`` with block size 32 and its fast CPU settings,
   ``GroupQueryAttention``), generating through ``onnxruntime_genai``'s own loop. It needs
   ``pip install onnxruntime-genai`` and a recipe with ``model.pretrained``; the model is built
-  once into the bench's work directory (the builder's time is not timed).
+  once into the bench's work directory (the builder's time is not timed);
+- ``llama_cpp``: llama.cpp (llama-cpp-python) on a Q4_0 GGUF file of the same checkpoint, written
+  once into the bench's work directory (:mod:`aot.bench.llama_cpp_peer`).
 
 Each is stamped as :mod:`aot.bench.generation` stamps every runner: once a step's logits exist.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-DECODER_PEERS = ("eager_bf16", "ort_genai")
+DECODER_PEERS = ("eager_bf16", "ort_genai", "llama_cpp")  # llama_cpp: aot.bench.llama_cpp_peer
 
 
 def eager_bf16_generate(causal_lm: torch.nn.Module):

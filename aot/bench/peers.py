@@ -16,8 +16,8 @@ times it (:mod:`aot.bench.worker`), in the same run as aot's artifacts:
 - ``hf_onnx``: transformers' own exporter (``transformers.exporters.OnnxExporter``, 5.24 and later) with
   dynamic shapes and its ONNX Runtime fusions for the CPU (``OnnxConfig(dynamic=True, ort_fusions="cpu")``),
   saved as its ``save_pretrained`` writes it; on an older transformers it fails to build, and says why;
-- ``decoder`` (a decoder build's only peers): ``eager_bf16`` and onnxruntime-genai's ``ort_genai``
-  (:mod:`aot.bench.decoder_peers`);
+- ``decoder`` (a decoder build's only peers): ``eager_bf16``, onnxruntime-genai's ``ort_genai``
+  (:mod:`aot.bench.decoder_peers`) and llama.cpp's ``llama_cpp`` (:mod:`aot.bench.llama_cpp_peer`);
 - ``torch_compile_freezing``: ``torch.compile`` with inductor freezing (opt-in:
   it compiles for tens of seconds per shape; the bench reports the first call's time);
 - ``cuda`` (a CUDA build's only peers): eager float16 and ``torch.compile``, with and without CUDA graphs

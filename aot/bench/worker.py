@@ -176,11 +176,14 @@ class RunnerHost:
             generate = eager_bf16_generate(load_model(plan.model, narrow_weights=False).causal_lm)
         elif spec.runner == "ort_genai":
             from aot.bench.decoder_peers import genai_generate
-            from aot.errors import RecipeError
 
-            if plan.model.pretrained is None:
-                raise RecipeError("peer 'ort_genai' builds from the recipe's model.pretrained checkpoint, which this recipe has not")
-            generate = genai_generate(plan.model.pretrained, Path(spec.workdir), spec.threads)
+            generate = genai_generate(_checkpoint_for(plan, "ort_genai", "builds"), Path(spec.workdir), spec.threads)
+        elif spec.runner == "llama_cpp":
+            from aot.bench.llama_cpp_peer import llama_cpp_generate
+
+            context = max(shape["prompt"] for shape in spec.shapes) + spec.new_tokens
+            checkpoint = _checkpoint_for(plan, "llama_cpp", "writes its GGUF file")
+            generate = llama_cpp_generate(checkpoint, Path(spec.workdir), spec.threads, context)
         else:
             from aot.errors import RecipeError
 
@@ -287,6 +290,15 @@ def serve(requests: Any, answer: Any) -> None:
         except Exception as error:  # reported to the driver, which decides what it means (a peer that failed)
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             answer({"error": f"{type(error).__name__}: {first_line}", "exit_code": 1})
+
+
+def _checkpoint_for(plan: Any, peer: str, what: str) -> Path:
+    """The recipe's pretrained checkpoint, which a peer that converts it needs."""
+    from aot.errors import RecipeError
+
+    if plan.model.pretrained is None:
+        raise RecipeError(f"peer '{peer}' {what} from the recipe's model.pretrained checkpoint, which this recipe has not")
+    return plan.model.pretrained
 
 
 def _main() -> None:
