@@ -29,6 +29,14 @@ def argument(node: Node, index: int, name: str, default: Any = _MISSING) -> Any:
     return default
 
 
+def set_argument(node: Node, index: int, name: str, value: Any) -> None:
+    """Sets what :func:`argument` reads: position ``index`` when ``node`` passes it positionally, else keyword ``name``."""
+    if len(node.args) > index:
+        node.update_arg(index, value)
+    else:
+        node.update_kwarg(name, value)
+
+
 def is_call(node: Node, *targets: Any) -> bool:
     return node.op == "call_function" and node.target in targets
 

@@ -51,7 +51,7 @@ from torch.fx import GraphModule, Node
 
 from aot.compat.torch_private import statically_known_true
 
-from ._nodes import argument, infer_val, inherit_provenance, is_call, tensor_val
+from ._nodes import argument, infer_val, inherit_provenance, is_call, set_argument, tensor_val
 from .registry import register_pass
 from .rule import Match, RewriteRule
 
@@ -134,11 +134,11 @@ class GroupQueryAttention(RewriteRule):
             mask = site.mask
             if mask is not None:
                 mask = step("flatten", step("expand", step("unsqueeze", mask, 2), [-1, -1, times, -1, -1]), 2, 3)
-        _replace_argument(attention, 0, "query", query)
-        _replace_argument(attention, 1, "key", site.key.source)
-        _replace_argument(attention, 2, "value", site.value.source)
+        set_argument(attention, 0, "query", query)
+        set_argument(attention, 1, "key", site.key.source)
+        set_argument(attention, 2, "value", site.value.source)
         if site.mask is not None:
-            _replace_argument(attention, 3, "attn_mask", mask)
+            set_argument(attention, 3, "attn_mask", mask)
         with graph.inserting_after(attention):
             per_group = step("unflatten", attention, 2, [times, -1])
         with graph.inserting_after(per_group):
@@ -216,15 +216,6 @@ def _other_reader(repeated: _Repeated, attention: Node) -> Node | None:
             if not (is_call(size, operator.getitem) and size.args[1] in _SIZES_KEPT):
                 return size
     return None
-
-
-def _replace_argument(node: Node, index: int, name: str, value) -> None:
-    if len(node.args) > index:
-        args = list(node.args)
-        args[index] = value
-        node.args = tuple(args)
-    else:
-        node.kwargs = {**node.kwargs, name: value}
 
 
 def _drop(graph, repeated: _Repeated) -> None:
