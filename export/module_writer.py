@@ -324,8 +324,9 @@ _LOAD_FUNCTION = f'''
 def load(directory=None, keep_freed_memory=True):
     """Build the model on the meta device, then fill it with the weights saved beside this file.
 
-    Linear layers that run on oneDNN pack their weights here, not at the first call, and the
-    file pages read for it are handed back (``pack_then_page_out`` above).
+    Linear layers that run on oneDNN and weight-only int4/int8 layers pack their weights here, not
+    at the first call, and the weights file's pages read for it are handed back
+    (``pack_then_page_out`` above).
 
     ``keep_freed_memory``: set this process's malloc to keep freed blocks for reuse (see
     ``keep_freed_memory_for_reuse`` above: large activations then stop page-faulting on every call).
@@ -347,8 +348,8 @@ def load(directory=None, keep_freed_memory=True):
 _LOAD_FUNCTION_WITH_CUDA_GRAPHS = (
     _LOAD_FUNCTION.replace("def load(directory=None, keep_freed_memory=True):", "def load(directory=None, keep_freed_memory=True, capture=\"lazy\"):")
     .replace("    return model\n", "    return CudaGraphBuckets(model, CUDA_GRAPHS, capture)\n")
-    .replace("    file pages read for it are handed back (``pack_then_page_out`` above).\n",
-             "    file pages read for it are handed back (``pack_then_page_out`` above). On CUDA, calls replay a CUDA graph\n"
+    .replace("    (``pack_then_page_out`` above).\n",
+             "    (``pack_then_page_out`` above). On CUDA, calls replay a CUDA graph\n"
              "    per shape bucket (``CudaGraphBuckets`` above): ``capture=\"all\"`` captures every bucket here, largest first;\n"
              "    ``\"lazy\"`` each at its first call.\n")
 )

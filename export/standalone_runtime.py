@@ -311,22 +311,27 @@ _MADV_PAGEOUT = 21  # linux/mman.h, Linux 5.4 and later
 
 
 def pack_then_page_out(model, mapping):
-    """Pack every oneDNN linear's weight now, then let the kernel take back the pages of ``mapping`` read for it.
+    """Pack every linear's weight now (a module with ``pack_now``: oneDNN linears, weight-only int4/int8 ones),
+    then let the kernel take back the pages of ``mapping`` read for it.
 
-    A packed linear computes from its oneDNN copy; its ``weight`` stays (``state_dict``, other
+    A packed linear computes from its packed copy; its ``weight`` stays (``state_dict``, other
     devices and dtypes read it), and the pages of the weights file read while packing would stay
     resident beside the copy. BERT-base, loaded and run once, held 991 MiB with them and 665 MiB
     with them paged out (AMD EPYC, Linux 6.18). ``MADV_PAGEOUT`` drops only pages the kernel can
     read back from the file unchanged, so each weight keeps its values and is read again from
     the file if it is ever used. Weights that are no view of ``mapping`` (the weights file's, from
     :func:`load_weights`), kernels without ``MADV_PAGEOUT`` and systems other than Linux keep
-    their pages. Returns the number of weights paged out.
+    their pages. Freed memory is then handed back to the system (``malloc_trim``, glibc's). Returns
+    the number of weights paged out.
     """
     madvise = _libc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
-    paged_out = 0
+    paged_out = packed = 0
     for module in model.modules():
         pack_now = getattr(module, "pack_now", None)
-        if not callable(pack_now) or not pack_now() or madvise is None:
+        if not callable(pack_now) or not pack_now():
+            continue
+        packed += 1
+        if madvise is None:
             continue
         weight = module.weight
         if weight.untyped_storage().data_ptr() != mapping.data_ptr():
@@ -335,6 +340,12 @@ def pack_then_page_out(model, mapping):
         first, end = _page_round_up(start), _page_round_down(start + weight.numel() * weight.element_size())
         if end > first and madvise(first, end - first, _MADV_PAGEOUT) == 0:
             paged_out += 1
+    malloc_trim = _libc_function("malloc_trim", (ctypes.c_size_t,))
+    if packed and malloc_trim is not None:
+        # Packing's temporaries (a block of rows widened to float32 at a time) leave free holes between the packed
+        # copies, which glibc keeps resident: Llama-3.2-1B's int4 layers, loaded, held 3,578 MiB with them and 2,468
+        # MiB without (AMD EPYC).
+        malloc_trim(0)
     return paged_out
 
 

@@ -24,10 +24,12 @@ Each weight moves by at most ``s / 2``, so this pass does not preserve the compu
 decoder recipe using it names a fidelity gate (``generation.fidelity``: KL divergence and top-1
 agreement of next-token distributions, greedy agreement), an encoder an accuracy gate.
 
-With ``activations: int8`` (the default) each token's activations are rounded to int8 too, for
-int8 GEMMs: ``torch._int_mm`` in the saved GraphModule (:mod:`aot.runtime.weight_only_linear`),
-ONNX Runtime's ``MatMulNBits`` at ``accuracy_level=4`` in the ONNX model, on the very same codes and
-scales (:mod:`aot.export.onnx_weight_only`); with ``float`` both compute in float32.
+With ``activations: int8`` (the default) each artifact runs its fastest CPU kernels, which round
+the activations too: ONNX Runtime's ``MatMulNBits`` at ``accuracy_level=4`` (int8, per block) in the
+ONNX model (:mod:`aot.export.onnx_weight_only`); in the saved GraphModule
+(:mod:`aot.runtime.weight_only_linear`) torch's int4 kernel on bfloat16 activations for a decode
+step's few tokens and ``torch._int_mm`` on int8 activations for a prompt's, on the very same codes
+and scales. With ``float`` both compute in float32.
 
 Left alone, with a note: layers named by ``skip`` (``fnmatch`` patterns on the module path),
 an output projection named ``lm_head`` unless ``lm_head: true``, subclasses of ``nn.Linear``
@@ -71,9 +73,10 @@ class QuantizeLinearWeights(RewriteRule):
         )
         activations: Literal["int8", "float"] = Field(
             default="int8",
-            description="How the product runs: `int8` rounds each token's activations to int8 for int8 GEMMs (torch._int_mm in "
-            "module.py, MatMulNBits accuracy_level 4 in ONNX: the fast path on CPUs); `float` multiplies float32 activations by "
-            "the dequantized weight (float32 speed, the codes' exact values).",
+            description="How the product runs: `int8` is the fast path on CPUs, rounding the activations (MatMulNBits "
+            "accuracy_level 4 in ONNX: int8 per block; in module.py torch's int4 kernel on bfloat16 activations for a decode "
+            "step, torch._int_mm on int8 activations for a prompt); `float` multiplies float32 activations by the dequantized "
+            "weight (float32 speed, the codes' exact values).",
         )
         lm_head: bool = Field(
             default=True, description="Quantise the output projection (a layer named `lm_head`), often the largest single weight.",

@@ -211,6 +211,7 @@ class GenerationReference:
     def check_files(self, directory: Path, sha256_of: Callable[[str], str | None]) -> list[GenerationCheck]:
         """``model.onnx`` through plain ONNX Runtime, ``graph_module/`` through its ``module.py``'s own ``generate``."""
         from aot import export
+        from aot.process.memory import release_freed_memory
 
         from .onnx_step import OnnxStep
 
@@ -220,6 +221,7 @@ class GenerationReference:
             forced = ForcedStep(onnx_step, onnx_step.past_layout, self.atol, self.rtol)
             results += self._checked("onnx", stepwise(onnx_step, onnx_step.past_layout), forced)
             del onnx_step, forced
+            release_freed_memory()  # ONNX Runtime's session, gone: its heap pages, before the GraphModule's
         module_file = "graph_module/module.py"
         if (directory / module_file).is_file():
             saved = export.load_standalone(directory / "graph_module", sha256_of(module_file), keep_freed_memory=False)

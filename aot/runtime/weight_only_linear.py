@@ -34,23 +34,34 @@ makes these does not preserve the computation and a recipe using it is gated on 
 
 How the product runs (``activations``):
 
-- ``"int8"`` (the default): each row (token) of the input is rounded to int8 with its own
-  symmetric scale ``a_r = max_k |x_rk| / 127``, and multiplied with int8 weights by
-  ``torch._int_mm`` (int8 x int8 -> int32), then scaled by ``a_r · c_n``. An int8 layer's codes
-  are those weights (``c = s``); an int4 layer's are re-gridded once, at the first call, per
-  output channel: ``c_n = max_k |(q - z) s|_nk / 127``, ``q8 = round((q - z) s / c_n)``, which moves
-  a weight by at most ``c_n / 2`` more (under a sixteenth of the int4 step ``s``). This is what
-  ONNX Runtime's ``MatMulNBits`` does at ``accuracy_level=4`` (it rounds activations per block).
+- ``"int8"`` (the default), the fast path on CPUs, by the number of rows (tokens) in the call:
+
+  - a few rows (at most ``_WO_INT4_KERNEL_ROWS``: a decode step), int4 layers only: torch's int4
+    kernel ``_weight_int4pack_mm_for_cpu`` reads the int4 codes themselves (half the bytes of int8)
+    with the activations rounded to bfloat16 (8 significant bits) and the scales too (and, when
+    asymmetric, the zero point as the offset ``(8 - z) · s``). Its tiles are torch's own layout of
+    the same codes, made once (by ``pack_now`` or at the first such call).
+  - more rows (a prompt), and every int8 layer: each row of the input is rounded to int8 with its
+    own symmetric scale ``a_r = max_k |x_rk| / 127``, and multiplied with int8 weights by
+    ``torch._int_mm`` (int8 x int8 -> int32), then scaled by ``a_r · c_n``. An int8 layer's codes
+    are those weights (``c = s``); an int4 layer's are re-gridded once, at the first such call, per
+    output channel: ``c_n = max_k |(q - z) s|_nk / 127``, ``q8 = round((q - z) s / c_n)``, which
+    moves a weight by at most ``c_n / 2`` more (under a sixteenth of the int4 step ``s``).
+
+  ONNX Runtime's ``MatMulNBits`` at ``accuracy_level=4`` rounds activations too (to int8, per block).
 - ``"float"``: ``F.linear`` on the dequantized float32 weight ``(q - z) · s``, made once at the
   first call: float32 speed and memory, the codes' exact values (``accuracy_level=0``).
 
-Both are derived state, never saved: dropped by copies, pickling and ``.to()``, rebuilt when
-the weight changes. Why not torch's own weight-only CPU kernels: on a 2-core AMD EPYC (AVX-512,
-torch 2.13, 2 threads, one token through a 2048 x 8192 layer) ``_weight_int4pack_mm_for_cpu``
-took 12.4 ms and ``_weight_int8pack_mm`` 5.5 ms, against 3.0 ms for float32 ``F.linear``,
-0.14 ms for ``torch._int_mm`` on int8 and 0.10 ms for ONNX Runtime's int4 ``MatMulNBits``. Off the
-CPU, for other dtypes, with gradients, and whenever ``torch.compile``/``torch.export`` trace
-it, the module computes the float formula: dequantize, then ``F.linear``.
+What the kernels multiply by is derived state, never saved: dropped by copies, pickling and
+``.to()``, rebuilt when the weight changes; ``pack_now`` derives it ahead of the first calls, and
+``module.py``'s ``load`` then hands the codes' file pages back. Two forms of an int4 layer, for speed
+(``benchmarks/weight_only_kernels.py``: 32 layers of 2048 x 8192 and back, larger than the caches;
+2-core AMD EPYC, AVX-512, torch 2.13, 2 threads): for one row ``_weight_int4pack_mm_for_cpu`` took
+8.96 ms against ``_int_mm``'s 14.1 ms; for 8 rows 27.9 against 43.0 ms; for 16 rows 57.8 against
+47.7 ms; for 128 rows 465 against 174 ms. torch's int4 kernel is slow on float32 activations (12.0 ms
+for one 2048 x 8192 layer, against 0.22 ms on bfloat16): hence the rounding. Off the CPU, for other dtypes, with
+gradients, and whenever ``torch.compile``/``torch.export`` trace it, the module computes the
+float formula: dequantize, then ``F.linear``.
 """
 
 import weakref
@@ -62,7 +73,9 @@ _WO_BITS = (4, 8)
 _WO_GROUP_SIZES = (32, 64, 128, 256)  # powers of two: the blocks ONNX Runtime's MatMulNBits takes
 _WO_ACTIVATIONS = ("int8", "float")
 _WO_TINY = 1e-30
-_WO_ROWS_PER_BLOCK = 1024  # rows quantised, or dequantized to re-grid int4 codes to int8, at once
+_WO_ROWS_PER_BLOCK = 1024  # rows quantised, re-gridded or tiled at once (a multiple of the int4 tiles' 64 rows)
+_WO_INT4_KERNEL_ROWS = 8  # calls with at most this many rows run torch's int4 kernel; see the module doc
+_WO_INT4_TILE_ROWS = 16  # _convert_weight_to_int4pack_for_cpu needs a multiple of 16 output rows
 
 
 # wo_quantize_int8 and forward's int8 path are int8_linear.py's per-channel weights and per-token kernel again, on
@@ -151,7 +164,7 @@ class WeightOnlyLinear(torch.nn.Module):
             self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=torch.float32, device=device), requires_grad=False)
         else:
             self.bias = None
-        self._packed = None  # (weakref, data pointer and version of weight, derived_weight()'s tensors)
+        self._packed = None  # {form: (weakref, data pointer and version of weight, derived_weight(form))}
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, bits: int = 4, group_size: int = 32, symmetric: bool = True,
@@ -191,6 +204,12 @@ class WeightOnlyLinear(torch.nn.Module):
         if self.activations == "float":
             return F.linear(input, self.derived_weight()[0], self.bias)
         rows = input.reshape(-1, self.in_features)
+        if self._int4_kernel_fits(rows):
+            tiles, scales_and_offsets = self.derived_weight("int4_tiles")
+            output = torch._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), tiles, self.group_size, scales_and_offsets).float()
+            if self.bias is not None:
+                output.add_(self.bias)
+            return output.reshape(*input.shape[:-1], self.out_features)
         largest = rows.abs().amax(dim=-1, keepdim=True).clamp_(min=_WO_TINY)
         quantized = (rows * (127 / largest)).round_().to(torch.int8)  # |x| <= largest: within [-127, 127]
         codes, scale = self.derived_weight()
@@ -203,22 +222,49 @@ class WeightOnlyLinear(torch.nn.Module):
 
     # -- derived weights -----------------------------------------------------------------------------------
 
-    def derived_weight(self):
-        """What the CPU path multiplies by, made at the first call and again when the codes change:
-        ``activations="int8"``: int8 codes ``(out, in)`` and their float32 scales ``(out,)``; ``"float"``: the
-        dequantized float32 weight (and None)."""
-        cached = self._packed
-        if cached is not None and cached[0]() is self.weight and cached[1] == (self.weight.data_ptr(), _wo_version(self.weight)):
+    def derived_weight(self, form: str = "gemm"):
+        """What a CPU kernel multiplies by, made at its first call and again when the codes change. ``form="gemm"``:
+        for ``activations="int8"`` int8 codes ``(out, in)`` and their float32 scales ``(out,)`` (``_int_mm``'s), for
+        ``"float"`` the dequantized float32 weight (and None); ``form="int4_tiles"``: an int4 layer's codes in torch's
+        int4 tiles and their bfloat16 scales and offsets ``(in/g, out, 2)`` (``_weight_int4pack_mm_for_cpu``'s)."""
+        stamp = (self.weight.data_ptr(), _wo_version(self.weight))
+        cached = (self._packed or {}).get(form)
+        if cached is not None and cached[0]() is self.weight and cached[1] == stamp:
             return cached[2]
         with torch.no_grad():
-            if self.activations == "float":
+            if form == "int4_tiles":
+                derived = self._int4_tiles()
+            elif self.activations == "float":
                 derived = (self.dequantized_weight(), None)
             elif self.bits == 8:
                 derived = (self.weight, self.weight_scale)
             else:  # int4 codes re-gridded per output channel, see the module doc
                 derived = self._int8_regrid()
-        self._packed = (weakref.ref(self.weight), (self.weight.data_ptr(), _wo_version(self.weight)), derived)
+        self._packed = {**(self._packed or {}), form: (weakref.ref(self.weight), stamp, derived)}
         return derived
+
+    def pack_now(self) -> bool:
+        """Derive now, not at the first calls, what the CPU kernels multiply by; whether that is a copy of the codes
+        (not the codes themselves, as an int8 layer's int8 GEMMs take them), so that ``weight``'s pages can be handed
+        back to the file they were read from (``module.py``'s ``load``)."""
+        probe = torch.empty((1, self.in_features), dtype=torch.float32, device=self.weight.device)
+        if not self._use_kernel(probe):
+            return False
+        self.derived_weight()
+        if self._int4_kernel_fits(probe):
+            self.derived_weight("int4_tiles")
+        return self.activations == "float" or self.bits == 4
+
+    def _int4_tiles(self):
+        """The codes as ``_convert_weight_to_int4pack_for_cpu`` tiles them, a block of rows at a time (its input is
+        int32, 8 bytes per byte of codes: a whole 128,256-row lm_head would be a transient gigabyte; the tiles of a
+        block of rows are those rows' tiles), and per group ``(s, (8 - z) s)`` in bfloat16: its kernel computes
+        ``(q - 8) · s + offset``, which is ``(q - z) · s``."""
+        tiles = torch.cat([torch._convert_weight_to_int4pack_for_cpu(wo_unpack_int4(self.weight[start:start + _WO_ROWS_PER_BLOCK]).to(torch.int32), 1)
+                           for start in range(0, self.out_features, _WO_ROWS_PER_BLOCK)])
+        scale = self.weight_scale
+        offset = (8 - self.zero_points().float()) * scale
+        return tiles, torch.stack([scale.t(), offset.t()], dim=-1).to(torch.bfloat16).contiguous()
 
     def _int8_regrid(self):
         """An int4 layer's codes as int8 per output channel, ``(codes, scales)``, made a block of rows at a time: the
@@ -245,6 +291,10 @@ class WeightOnlyLinear(torch.nn.Module):
         if self.weight.device.type != "cpu":
             return False
         return self.activations == "float" or hasattr(torch, "_int_mm")
+
+    def _int4_kernel_fits(self, rows: torch.Tensor) -> bool:
+        return (self.bits == 4 and rows.shape[0] <= _WO_INT4_KERNEL_ROWS and self.out_features % _WO_INT4_TILE_ROWS == 0
+                and hasattr(torch, "_weight_int4pack_mm_for_cpu"))
 
     # -- derived state stays out of copies, pickles and moves -------------------------------------------------
 

@@ -82,3 +82,43 @@ def test_load_packs_linears_and_their_file_pages_leave_memory_with_every_value_k
     assert report["after_load"] < 0.1 * weight_kib
     stored = safetensors.torch.load_file(str(tmp_path / "gm" / "weights.safetensors"))
     assert {name: tensor.sum().item() for name, tensor in stored.items()} == report["sums"]
+
+
+class FourWideLinears(nn.Module):
+    """Wide enough that each layer's int4 codes (2 MiB) span whole large folios of the page cache, which is what
+    ``MADV_PAGEOUT`` drops (a few hundred KiB inside one folio stay)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(2048, 2048) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_PAGEOUT is Linux's")
+def test_load_derives_int4_layers_kernel_forms_and_their_codes_pages_leave_memory(tmp_path):
+    """An int4 layer's kernels multiply by copies of its codes (int4 tiles, int8 codes): the codes' pages go back."""
+    from aot.passes import QuantizeLinearWeights
+    from aot.runtime import WeightOnlyLinear
+
+    torch.manual_seed(0)
+    graph_module = torch.fx.symbolic_trace(FourWideLinears().eval())
+    QuantizeLinearWeights(bits=4, group_size=32)(graph_module)
+    layers = [module for module in graph_module.modules() if isinstance(module, WeightOnlyLinear)]
+    assert len(layers) == 4 and all(layer.activations == "int8" for layer in layers), "precondition: four int4 layers"
+    save_graph_module(graph_module, tmp_path / "gm")
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+
+    completed = subprocess.run([sys.executable, str(script), str(tmp_path / "gm")], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert len(report["packed"]) == 4  # derived by load(), before any call
+    codes_kib = 4 * 2048 * 2048 // 2 // 1024
+    assert report["after_reading"] >= 0.9 * codes_kib, "precondition: the measure sees the codes' pages"
+    assert report["after_reading"] - report["after_load"] >= 0.9 * codes_kib
+    stored = safetensors.torch.load_file(str(tmp_path / "gm" / "weights.safetensors"))
+    assert {name: tensor.sum().item() for name, tensor in stored.items()} == report["sums"]

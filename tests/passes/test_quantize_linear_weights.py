@@ -121,6 +121,73 @@ def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group
     torch.testing.assert_close(output, F.linear(rounded, regridded, linear.bias), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("group_size,symmetric", [(32, True), (64, False), (256, False)])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_decode_steps_few_rows_run_torchs_int4_kernel_on_the_int4_codes(group_size, symmetric, rows):
+    """bfloat16 activations, scales and offsets: within bfloat16's rounding (2^-8 of the output) of the codes' float
+    formula; an offset of the wrong sign would move the asymmetric layers' outputs by whole int4 steps."""
+    from aot.runtime import weight_only_linear
+
+    torch.manual_seed(0)
+    linear = nn.Linear(512, 96)
+    with torch.no_grad():
+        linear.weight.add_(0.03)  # off-centre weights: asymmetric zero points differ from 8
+    layer = WeightOnlyLinear.from_linear(linear, 4, group_size, symmetric)
+    x = torch.randn(rows, 512)
+    assert rows <= weight_only_linear._WO_INT4_KERNEL_ROWS and layer._int4_kernel_fits(x), "precondition: the int4 kernel runs"
+    if not symmetric:
+        assert (layer.zero_points() != 8).any(), "precondition: zero points other than 8"
+    with torch.no_grad():
+        output = layer(x)
+    assert list(layer._packed) == ["int4_tiles"], "no int8 codes were derived for a decode step"
+    tiles, scales_and_offsets = layer.derived_weight("int4_tiles")
+    assert tiles.dtype == torch.uint8 and scales_and_offsets.shape == (512 // group_size, 96, 2)
+    exact = F.linear(x.bfloat16().float(), layer.dequantized_weight(), linear.bias)
+    assert (output - exact).abs().max() <= exact.abs().max() * 2**-7
+
+
+def test_more_rows_than_a_decode_step_and_untileable_layers_run_int8_gemms():
+    torch.manual_seed(0)
+    tileable = WeightOnlyLinear.from_linear(nn.Linear(64, 32), 4, 32, True)
+    untileable = WeightOnlyLinear.from_linear(nn.Linear(64, 40), 4, 32, True)  # 40 output rows: no whole tiles of 16
+    int8 = WeightOnlyLinear.from_linear(nn.Linear(64, 32), 8, 32, True)
+    from aot.runtime import weight_only_linear
+
+    prompt = torch.randn(weight_only_linear._WO_INT4_KERNEL_ROWS + 1, 64)
+    with torch.no_grad():
+        tileable(prompt), untileable(prompt[:1]), int8(prompt[:1])
+    assert [list(layer._packed) for layer in (tileable, untileable, int8)] == [["gemm"]] * 3
+
+
+def test_int4_tiles_are_made_a_block_of_rows_at_a_time_as_for_the_whole_weight():
+    from aot.runtime import weight_only_linear
+
+    torch.manual_seed(0)
+    rows = 2 * weight_only_linear._WO_ROWS_PER_BLOCK + 3 * 64  # three blocks, the last one short
+    layer = WeightOnlyLinear.from_linear(nn.Linear(64, rows, bias=False), 4, 32, False)
+    tiles, scales_and_offsets = layer.derived_weight("int4_tiles")
+    whole = torch._convert_weight_to_int4pack_for_cpu(wo_unpack_int4(layer.weight).to(torch.int32), 1)
+    assert torch.equal(tiles, whole)
+    offsets = (8 - layer.zero_points().float()) * layer.weight_scale
+    assert torch.equal(scales_and_offsets, torch.stack([layer.weight_scale.t(), offsets.t()], -1).bfloat16())
+
+
+@pytest.mark.parametrize("bits,activations,copies_the_codes", [(4, "int8", True), (8, "int8", False), (8, "float", True)])
+def test_pack_now_derives_the_kernels_forms_and_says_whether_they_copy_the_codes(bits, activations, copies_the_codes):
+    """What ``module.py``'s load may hand back to the weights file: codes that no kernel reads any more."""
+    torch.manual_seed(0)
+    layer = WeightOnlyLinear.from_linear(nn.Linear(64, 32), bits, 32, True, activations=activations)
+    assert layer._packed is None, "precondition: nothing derived before"
+    assert layer.pack_now() is copies_the_codes
+    expected = ["gemm", "int4_tiles"] if bits == 4 else ["gemm"]
+    assert sorted(layer._packed) == expected
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        before = {form: cached[2] for form, cached in layer._packed.items()}
+        layer(x), layer(torch.randn(20, 64))
+    assert all(layer._packed[form][2] is derived for form, derived in before.items()), "the calls used what load derived"
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_float_activations_compute_the_codes_exact_values(bits):
     torch.manual_seed(0)

@@ -1,0 +1,166 @@
+"""The CPU kernels an int4 / int8 weight-only layer can run, on a stack of layers larger than the caches.
+
+    python benchmarks/weight_only_kernels.py [--rows 1,8,16,128] [--pairs 16] [--threads 2] [--rounds 3]
+
+A decode step is bound by reading the weights from memory, so one layer that stays in the caches
+says little: the stack is ``--pairs`` pairs of 2048 -> 8192 -> 2048 layers (Llama-3.2-1B's MLP
+shape; 16 pairs are 336 MB of int4 codes and scales). Each kernel runs in its own process, as
+``aot bench`` runs its runners, once per round, the kernels in turn; reported is the median over
+the rounds of each process's median milliseconds per call through the whole stack, for each number
+of rows (tokens) in the call:
+
+- ``int4_tiles``: ``torch._weight_int4pack_mm_for_cpu`` on bfloat16 activations (what ``module.py``
+  runs for a decode step's few tokens);
+- ``int_mm``: activations rounded to int8 per row, ``torch._int_mm`` on int8 codes (a prompt's
+  tokens in ``module.py``);
+- ``int8pack``: ``torch._weight_int8pack_mm`` on bfloat16 activations;
+- ``bf16``: ``F.linear`` on bfloat16 weights (eager bfloat16);
+- ``matmul_nbits_32`` / ``_64`` / ``_128``: ONNX Runtime's int4 ``MatMulNBits`` at ``accuracy_level``
+  4, by block size (the ONNX model's).
+
+Codes and scales are random: the kernels' time does not depend on the values. Nothing else should
+run on the machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+IN, OUT = 2048, 8192
+TORCH_KERNELS = ("int4_tiles", "int_mm", "int8pack", "bf16")
+ORT_KERNELS = ("matmul_nbits_32", "matmul_nbits_64", "matmul_nbits_128")
+BYTES_PER_WEIGHT = {"int4_tiles": 0.5 + 4 / 32, "int_mm": 1, "int8pack": 1, "bf16": 2,
+                    "matmul_nbits_32": 0.5 + 4 / 32, "matmul_nbits_64": 0.5 + 4 / 64, "matmul_nbits_128": 0.5 + 4 / 128}
+
+
+def _shapes(pairs: int):
+    return [(IN, OUT) if index % 2 == 0 else (OUT, IN) for index in range(2 * pairs)]
+
+
+def _torch_stack(kernel: str, pairs: int, threads: int):
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    layers = []
+    for inputs, outputs in _shapes(pairs):
+        if kernel == "int4_tiles":
+            codes = torch.randint(0, 16, (outputs, inputs), dtype=torch.int32)
+            scales_and_offsets = (torch.rand(inputs // 32, outputs, 2) * 1e-3).to(torch.bfloat16)
+            layers.append((torch._convert_weight_to_int4pack_for_cpu(codes, 1), scales_and_offsets))
+        elif kernel in ("int_mm", "int8pack"):
+            scale = torch.rand(outputs) * 1e-3
+            layers.append((torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8),
+                           scale.to(torch.bfloat16) if kernel == "int8pack" else scale))
+        else:
+            layers.append(((torch.randn(outputs, inputs) * 0.02).to(torch.bfloat16), None))
+
+    def layer(x, weight, scale):
+        if kernel == "int4_tiles":
+            return torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), weight, 32, scale).float()
+        if kernel == "int_mm":
+            largest = x.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-30)
+            quantized = (x * (127 / largest)).round_().to(torch.int8)
+            return (torch._int_mm(quantized, weight.t()) * (largest / 127)).mul_(scale)
+        if kernel == "int8pack":
+            return torch._weight_int8pack_mm(x.to(torch.bfloat16), weight, scale).float()
+        return torch.nn.functional.linear(x.to(torch.bfloat16), weight).float()
+
+    def run(x):
+        with torch.no_grad():
+            for weight, scale in layers:
+                x = layer(x, weight, scale)
+                x = x / (x.abs().amax() + 1)  # keeps values finite through random layers
+        return x
+
+    return lambda rows: (lambda x=torch.randn(rows, IN): run(x))
+
+
+def _ort_stack(kernel: str, pairs: int, threads: int):
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    block = int(kernel.rsplit("_", 1)[1])
+    rng = np.random.default_rng(0)
+    nodes, initializers, name = [], [], "x"
+    for index, (inputs, outputs) in enumerate(_shapes(pairs)):
+        codes = rng.integers(0, 256, (outputs, inputs // block, block // 2), dtype=np.uint8)
+        scales = rng.random(outputs * (inputs // block), dtype=np.float32) * 2e-3
+        initializers += [numpy_helper.from_array(codes, f"codes{index}"), numpy_helper.from_array(scales, f"scales{index}")]
+        nodes.append(helper.make_node("MatMulNBits", [name, f"codes{index}", f"scales{index}"], [f"y{index}"], domain="com.microsoft",
+                                      K=inputs, N=outputs, bits=4, block_size=block, accuracy_level=4))
+        name = f"y{index}"
+    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", IN])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", IN])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return lambda rows: (lambda x=rng.standard_normal((rows, IN), dtype=np.float32): session.run(None, {"x": x}))
+
+
+def _measure_one(kernel: str, rows_list: list[int], pairs: int, threads: int) -> dict[int, float]:
+    """In this process: median ms per call of ``kernel``'s stack, per number of rows."""
+    make = _ort_stack(kernel, pairs, threads) if kernel in ORT_KERNELS else _torch_stack(kernel, pairs, threads)
+    medians = {}
+    for rows in rows_list:
+        call = make(rows)
+        for _ in range(3):
+            call()
+        times = []
+        for _ in range(60 if rows == 1 else 15):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        medians[rows] = statistics.median(times) * 1e3
+    return medians
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="1,8,16,128", help="comma list of rows (tokens) per call")
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kernels", default=",".join(TORCH_KERNELS + ORT_KERNELS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one kernel, JSON on stdout
+    args = parser.parse_args()
+    rows_list = [int(rows) for rows in args.rows.split(",")]
+    if args.one:
+        print(json.dumps(_measure_one(args.one, rows_list, args.pairs, args.threads)))
+        return
+    megabytes = {kernel: 2 * args.pairs * IN * OUT * size / 1e6 for kernel, size in BYTES_PER_WEIGHT.items()}
+    print(f"# {platform.processor() or platform.machine()} {_cpu_name()}, {args.threads} threads, "
+          f"{2 * args.pairs} layers of {IN} x {OUT}; median over {args.rounds} rounds of ms per call through the stack "
+          "(GB/s of weights at one row)")
+    print("| kernel | weights MB | " + " | ".join(f"{rows} rows" for rows in rows_list) + " |")
+    print("|---|---|" + "---|" * len(rows_list))
+    kernels = args.kernels.split(",")
+    per_round = {kernel: [] for kernel in kernels}
+    for _ in range(args.rounds):
+        for kernel in kernels:
+            child = subprocess.run([sys.executable, __file__, "--one", kernel, "--rows", args.rows, "--pairs", str(args.pairs),
+                                    "--threads", str(args.threads)], capture_output=True, text=True, check=True)
+            per_round[kernel].append({int(rows): ms for rows, ms in json.loads(child.stdout).items()})
+    for kernel in kernels:
+        medians = {rows: statistics.median(measured[rows] for measured in per_round[kernel]) for rows in rows_list}
+        cells = [f"{medians[rows]:.2f}" + (f" ({megabytes[kernel] / medians[rows]:.0f} GB/s)" if rows == 1 else "") for rows in rows_list]
+        print(f"| {kernel} | {megabytes[kernel]:.0f} | " + " | ".join(cells) + " |", flush=True)
+
+
+def _cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return ""
+
+
+if __name__ == "__main__":
+    main()
