@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -229,3 +230,39 @@ def test_pretrained_config_json_that_does_not_parse(write_recipe, tmp_path, conf
     with pytest.raises(RecipeError, match=r"tiny.yaml:2: model.pretrained: " + expected) as caught:
         load_recipe(write_recipe(PRETRAINED))
     assert "\n" not in str(caught.value)
+
+
+LARGE_RECIPES = sorted((Path(__file__).parents[2] / "recipes" / "large").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", LARGE_RECIPES, ids=lambda path: path.name)
+def test_every_large_recipe_loads_beside_the_checkpoint_the_repo_writes(path, tmp_path):
+    """The large recipes build outside CI (their checkpoints are GBs): their text must still load, beside the config
+    of a checkpoint ``scripts/write_checkpoint.py`` writes (its weights are not read at load)."""
+    import runpy
+    import shutil
+
+    import safetensors.torch
+    import torch
+    import transformers
+
+    assert LARGE_RECIPES, "precondition: recipes/large holds recipes"
+    shapes = runpy.run_path(str(path.parents[2] / "scripts" / "write_checkpoint.py"), run_name="shapes")["SHAPES"]
+    (tmp_path / "recipes" / "large").mkdir(parents=True)
+    shutil.copytree(path.parents[1] / "data", tmp_path / "recipes" / "data")
+    recipe = shutil.copy(path, tmp_path / "recipes" / "large")
+    pretrained = _pretrained_text(path)  # ../../checkpoints/NAME, from the recipe's directory
+    name = Path(pretrained).name
+    assert name in shapes, f"{path.name}: no checkpoint named {name} in write_checkpoint.py"
+    checkpoint = tmp_path / "recipes" / "large" / pretrained
+    transformers.AutoConfig.for_model(**shapes[name]).save_pretrained(checkpoint)
+    # weights_dtype asks for safetensors weights in that dtype (the checkpoint script writes bfloat16)
+    safetensors.torch.save_file({"placeholder": torch.zeros(1, dtype=torch.bfloat16)}, checkpoint / "model.safetensors")
+    loaded = load_recipe(recipe)
+    assert loaded.recipe.generation is not None and loaded.recipe.generation.fidelity is not None, "a gated decoder"
+
+
+def _pretrained_text(path: Path) -> str:
+    import yaml
+
+    return yaml.safe_load(path.read_text())["model"]["pretrained"]
