@@ -48,9 +48,9 @@ CHILD = textwrap.dedent(
 
 
 class FourLinears(nn.Module):
-    def __init__(self):
+    def __init__(self, width: int = 512):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(512, 512) for _ in range(4))
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(4))
 
     def forward(self, x):
         for layer in self.layers:
@@ -84,20 +84,6 @@ def test_load_packs_linears_and_their_file_pages_leave_memory_with_every_value_k
     assert {name: tensor.sum().item() for name, tensor in stored.items()} == report["sums"]
 
 
-class FourWideLinears(nn.Module):
-    """Wide enough that each layer's int4 codes (2 MiB) span whole large folios of the page cache, which is what
-    ``MADV_PAGEOUT`` drops (a few hundred KiB inside one folio stay)."""
-
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(2048, 2048) for _ in range(4))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_PAGEOUT is Linux's")
 def test_load_derives_int4_layers_kernel_forms_and_their_codes_pages_leave_memory(tmp_path):
     """An int4 layer's kernels multiply by copies of its codes (int4 tiles, int8 codes): the codes' pages go back."""
@@ -105,7 +91,9 @@ def test_load_derives_int4_layers_kernel_forms_and_their_codes_pages_leave_memor
     from aot.runtime import WeightOnlyLinear
 
     torch.manual_seed(0)
-    graph_module = torch.fx.symbolic_trace(FourWideLinears().eval())
+    # Wide enough that each layer's int4 codes (2 MiB) span whole large folios of the page cache, which is what
+    # MADV_PAGEOUT drops (a few hundred KiB inside one folio stay).
+    graph_module = torch.fx.symbolic_trace(FourLinears(width=2048).eval())
     QuantizeLinearWeights(bits=4, group_size=32)(graph_module)
     layers = [module for module in graph_module.modules() if isinstance(module, WeightOnlyLinear)]
     assert len(layers) == 4 and all(layer.activations == "int8" for layer in layers), "precondition: four int4 layers"
