@@ -58,6 +58,21 @@ class FourLinears(nn.Module):
         return x
 
 
+def _loaded_in_a_fresh_process(graph_module, tmp_path) -> dict:
+    """Save ``graph_module``, load it with its ``module.py`` in a fresh process, and return CHILD's report."""
+    save_graph_module(graph_module, tmp_path / "gm")
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    completed = subprocess.run([sys.executable, str(script), str(tmp_path / "gm")], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def _stored_sums(tmp_path) -> dict:
+    stored = safetensors.torch.load_file(str(tmp_path / "gm" / "weights.safetensors"))
+    return {name: tensor.sum().item() for name, tensor in stored.items()}
+
+
 def _onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -68,20 +83,13 @@ def test_load_packs_linears_and_their_file_pages_leave_memory_with_every_value_k
     torch.manual_seed(0)
     graph_module = PrepackLinearWeights().apply(torch.fx.symbolic_trace(FourLinears().eval())).graph_module
     assert sum(isinstance(module, OneDNNLinear) for module in graph_module.modules()) == 4
-    save_graph_module(graph_module, tmp_path / "gm")
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-
-    completed = subprocess.run([sys.executable, str(script), str(tmp_path / "gm")], capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stderr
-    report = json.loads(completed.stdout)
+    report = _loaded_in_a_fresh_process(graph_module, tmp_path)
     assert len(report["packed"]) == 4  # packed by load(), before any call
     weight_kib = 4 * 512 * 512 * 4 // 1024
     # Reading every tensor brings the pages back: the measure sees them (the test's precondition).
     assert report["after_reading"] >= 0.9 * weight_kib
     assert report["after_load"] < 0.1 * weight_kib
-    stored = safetensors.torch.load_file(str(tmp_path / "gm" / "weights.safetensors"))
-    assert {name: tensor.sum().item() for name, tensor in stored.items()} == report["sums"]
+    assert _stored_sums(tmp_path) == report["sums"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_PAGEOUT is Linux's")
@@ -97,16 +105,9 @@ def test_load_derives_int4_layers_kernel_forms_and_their_codes_pages_leave_memor
     QuantizeLinearWeights(bits=4, group_size=32)(graph_module)
     layers = [module for module in graph_module.modules() if isinstance(module, WeightOnlyLinear)]
     assert len(layers) == 4 and all(layer.activations == "int8" for layer in layers), "precondition: four int4 layers"
-    save_graph_module(graph_module, tmp_path / "gm")
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-
-    completed = subprocess.run([sys.executable, str(script), str(tmp_path / "gm")], capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stderr
-    report = json.loads(completed.stdout)
+    report = _loaded_in_a_fresh_process(graph_module, tmp_path)
     assert len(report["packed"]) == 4  # derived by load(), before any call
     codes_kib = 4 * 2048 * 2048 // 2 // 1024
     assert report["after_reading"] >= 0.9 * codes_kib, "precondition: the measure sees the codes' pages"
     assert report["after_reading"] - report["after_load"] >= 0.9 * codes_kib
-    stored = safetensors.torch.load_file(str(tmp_path / "gm" / "weights.safetensors"))
-    assert {name: tensor.sum().item() for name, tensor in stored.items()} == report["sums"]
+    assert _stored_sums(tmp_path) == report["sums"]
