@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+from aot.build.manifest import cpu_model
 
 IN, OUT = 2048, 8192
 TORCH_KERNELS = ("int4_tiles", "int_mm", "int8pack", "bf16")
@@ -79,7 +80,11 @@ def _torch_stack(kernel: str, pairs: int, threads: int):
                 x = x / (x.abs().amax() + 1)  # keeps values finite through random layers
         return x
 
-    return lambda rows: (lambda x=torch.randn(rows, IN): run(x))
+    def caller(rows: int):
+        x = torch.randn(rows, IN)
+        return lambda: run(x)
+
+    return caller
 
 
 def _ort_stack(kernel: str, pairs: int, threads: int):
@@ -103,7 +108,11 @@ def _ort_stack(kernel: str, pairs: int, threads: int):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return lambda rows: (lambda x=rng.standard_normal((rows, IN), dtype=np.float32): session.run(None, {"x": x}))
+    def caller(rows: int):
+        x = rng.standard_normal((rows, IN), dtype=np.float32)
+        return lambda: session.run(None, {"x": x})
+
+    return caller
 
 
 def _measure_one(kernel: str, rows_list: list[int], pairs: int, threads: int) -> dict[int, float]:
@@ -137,7 +146,7 @@ def main() -> None:
         print(json.dumps(_measure_one(args.one, rows_list, args.pairs, args.threads)))
         return
     megabytes = {kernel: 2 * args.pairs * IN * OUT * size / 1e6 for kernel, size in BYTES_PER_WEIGHT.items()}
-    print(f"# {platform.processor() or platform.machine()} {_cpu_name()}, {args.threads} threads, "
+    print(f"# {cpu_model()}, {args.threads} threads, "
           f"{2 * args.pairs} layers of {IN} x {OUT}; median over {args.rounds} rounds of ms per call through the stack "
           "(GB/s of weights at one row)")
     print("| kernel | weights MB | " + " | ".join(f"{rows} rows" for rows in rows_list) + " |")
@@ -153,13 +162,6 @@ def main() -> None:
         medians = {rows: statistics.median(measured[rows] for measured in per_round[kernel]) for rows in rows_list}
         cells = [f"{medians[rows]:.2f}" + (f" ({megabytes[kernel] / medians[rows]:.0f} GB/s)" if rows == 1 else "") for rows in rows_list]
         print(f"| {kernel} | {megabytes[kernel]:.0f} | " + " | ".join(cells) + " |", flush=True)
-
-
-def _cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return ""
 
 
 if __name__ == "__main__":

@@ -59,9 +59,9 @@ What the kernels multiply by is derived state, never saved: dropped by copies, p
 2-core AMD EPYC, AVX-512, torch 2.13, 2 threads): for one row ``_weight_int4pack_mm_for_cpu`` took
 8.96 ms against ``_int_mm``'s 14.1 ms; for 8 rows 27.9 against 43.0 ms; for 16 rows 57.8 against
 47.7 ms; for 128 rows 465 against 174 ms. torch's int4 kernel is slow on float32 activations (12.0 ms
-for one 2048 x 8192 layer, against 0.22 ms on bfloat16): hence the rounding. Off the CPU, for other dtypes, with
-gradients, and whenever ``torch.compile``/``torch.export`` trace it, the module computes the
-float formula: dequantize, then ``F.linear``.
+for one 2048 x 8192 layer, against 0.22 ms on bfloat16): hence the rounding. Off the CPU, for other
+dtypes, with gradients, and whenever ``torch.compile``/``torch.export`` trace it, the module
+computes the float formula: dequantize, then ``F.linear``.
 """
 
 import weakref
@@ -92,8 +92,8 @@ def wo_quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool):
 
 def _wo_by_rows(weight: torch.Tensor, quantize):
     """``quantize`` over ``_WO_ROWS_PER_BLOCK`` output rows at a time, its results joined: each row's codes and
-    scales depend on that row alone, so this is the whole weight's result, with float32 temporaries of a block
-    only (a 128,256-row output projection would need several GB of them at once)."""
+    scales (or int4 tiles) depend on that row alone, so this is the whole weight's result, with temporaries of a
+    block only (a 128,256-row output projection would need several GB of them at once)."""
     blocks = [quantize(weight[start:start + _WO_ROWS_PER_BLOCK]) for start in range(0, weight.shape[0], _WO_ROWS_PER_BLOCK)]
     return tuple(torch.cat(parts) for parts in zip(*blocks))
 
@@ -260,8 +260,7 @@ class WeightOnlyLinear(torch.nn.Module):
         int32, 8 bytes per byte of codes: a whole 128,256-row lm_head would be a transient gigabyte; the tiles of a
         block of rows are those rows' tiles), and per group ``(s, (8 - z) s)`` in bfloat16: its kernel computes
         ``(q - 8) · s + offset``, which is ``(q - z) · s``."""
-        tiles = torch.cat([torch._convert_weight_to_int4pack_for_cpu(wo_unpack_int4(self.weight[start:start + _WO_ROWS_PER_BLOCK]).to(torch.int32), 1)
-                           for start in range(0, self.out_features, _WO_ROWS_PER_BLOCK)])
+        (tiles,) = _wo_by_rows(self.weight, lambda rows: (torch._convert_weight_to_int4pack_for_cpu(wo_unpack_int4(rows).to(torch.int32), 1),))
         scale = self.weight_scale
         offset = (8 - self.zero_points().float()) * scale
         return tiles, torch.stack([scale.t(), offset.t()], dim=-1).to(torch.bfloat16).contiguous()

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from aot.passes import QuantizeLinearWeights, registry
-from aot.runtime import WeightOnlyLinear
+from aot.runtime import WeightOnlyLinear, weight_only_linear
 from aot.runtime.weight_only_linear import wo_pack_int4, wo_quantize_int4, wo_quantize_int8, wo_unpack_int4
 from tests.passes.helpers import call_targets, fx_graph
 
@@ -126,8 +126,6 @@ def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group
 def test_a_decode_steps_few_rows_run_torchs_int4_kernel_on_the_int4_codes(group_size, symmetric, rows):
     """bfloat16 activations, scales and offsets: within bfloat16's rounding (2^-8 of the output) of the codes' float
     formula; an offset of the wrong sign would move the asymmetric layers' outputs by whole int4 steps."""
-    from aot.runtime import weight_only_linear
-
     torch.manual_seed(0)
     linear = nn.Linear(512, 96)
     with torch.no_grad():
@@ -151,8 +149,6 @@ def test_more_rows_than_a_decode_step_and_untileable_layers_run_int8_gemms():
     tileable = WeightOnlyLinear.from_linear(nn.Linear(64, 32), 4, 32, True)
     untileable = WeightOnlyLinear.from_linear(nn.Linear(64, 40), 4, 32, True)  # 40 output rows: no whole tiles of 16
     int8 = WeightOnlyLinear.from_linear(nn.Linear(64, 32), 8, 32, True)
-    from aot.runtime import weight_only_linear
-
     prompt = torch.randn(weight_only_linear._WO_INT4_KERNEL_ROWS + 1, 64)
     with torch.no_grad():
         tileable(prompt), untileable(prompt[:1]), int8(prompt[:1])
@@ -160,8 +156,6 @@ def test_more_rows_than_a_decode_step_and_untileable_layers_run_int8_gemms():
 
 
 def test_int4_tiles_are_made_a_block_of_rows_at_a_time_as_for_the_whole_weight():
-    from aot.runtime import weight_only_linear
-
     torch.manual_seed(0)
     rows = 2 * weight_only_linear._WO_ROWS_PER_BLOCK + 3 * 64  # three blocks, the last one short
     layer = WeightOnlyLinear.from_linear(nn.Linear(64, rows, bias=False), 4, 32, False)
@@ -224,8 +218,6 @@ def test_outside_the_kernel_the_float_formula_runs():
 
 
 def test_the_int8_regrid_of_a_wide_layer_goes_a_block_of_rows_at_a_time():
-    from aot.runtime import weight_only_linear
-
     torch.manual_seed(0)
     rows = 2 * weight_only_linear._WO_ROWS_PER_BLOCK + 300  # three blocks, the last one short
     layer = WeightOnlyLinear.from_linear(nn.Linear(64, rows, bias=False), 4, 32, False)
