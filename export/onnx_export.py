@@ -25,7 +25,6 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -79,6 +78,7 @@ def write_onnx(
     dim_ranges: dict[str, tuple[int | None, int | None]] | None = None,
     float16: bool = False,
     input_names: dict[str, str] | None = None,
+    int8_prompts: bool = False,
 ) -> OnnxArtifact:
     """Write ``path`` (and ``path.data`` for large models); return the written paths and the fusions made.
 
@@ -108,6 +108,9 @@ def write_onnx(
     ``input_names``: ``{graph input: ONNX name}`` for inputs whose ONNX name is no Python
     identifier (a decoder's ``past_key_values.0.key``, which the graph takes as ``past_key_values_0_key``).
 
+    ``int8_prompts``: int4 weight-only layers run calls of more rows than a decode step through ONNX
+    Runtime's int8 GEMM on an int8 copy of their weights (:mod:`aot.export.onnx_prompt_gemm`).
+
     ``dim_ranges``: ``{dim name: (min, max)}`` for the dynamic dims. With them each dim is one
     ``torch.export.Dim`` shared by every input that has it, bounded as the recipe says, so the
     exporter need not prove that the inputs' batch sizes agree (BERT-base: a few tenths of a
@@ -119,9 +122,11 @@ def write_onnx(
     output_names = output_names or _output_names(gm, inputs)
     dynamic_shapes = dynamic_shapes_of(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
     gm, translations = lower_int8_linears(with_explicit_copies(gm))
-    gm, weight_only = lower_weight_only_linears(gm)
+    gm, weight_only = lower_weight_only_linears(gm, int8_prompts=int8_prompts)
     translations = {**translations, **weight_only}
     program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations)
+    if int8_prompts and weight_only:  # the exporter declares the domains of the nodes it recorded, not of If branches
+        program.model.opset_imports.setdefault("com.microsoft", 1)
     produced_opset = program.model.opset_imports.get("", None)
     if produced_opset != opset:
         raise ExportError(

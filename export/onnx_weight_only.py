@@ -22,6 +22,10 @@ with ``W ≈ (B - zero_point) · scale`` block by block along ``K``:
 activations to int8 per block (onnxruntime-genai's CPU models use it; the GraphModule rounds them
 per token), ``"float"`` gives 0, computing in float32 as the GraphModule then does. The fidelity gate
 holds each artifact to the float model on its own.
+
+With ``int8_prompts`` (the recipe's ``export.onnx.int4_prompts: int8_gemm``), an int4 layer at
+``accuracy_level`` 4 becomes an If between ``MatMulNBits`` for a decode step and ONNX Runtime's int8
+GEMM for a prompt (:mod:`aot.export.onnx_prompt_gemm`).
 """
 
 from __future__ import annotations
@@ -29,22 +33,26 @@ from __future__ import annotations
 import functools
 import operator
 
+import onnx_ir as ir
 import torch
 import torch.fx
 
 from aot.runtime.weight_only_linear import WeightOnlyLinear, wo_pack_int4, wo_unpack_int4
 
 from .onnx_int8 import copied_graph
+from .onnx_prompt_gemm import PROMPT_ROWS, int8_prompt_tensors, prompt_and_step_branches
 
 _INT8_BLOCKS = (256, 128, 64, 32, 16)
 _ACCURACY_LEVELS = {"int8": 4, "float": 0}  # MatMulNBits' accuracy_level for a layer's activations
+_CONTRIB = "com.microsoft"
 
 
 @torch.library.custom_op("aot::weight_only_linear", mutates_args=())
 def weight_only_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
                        bias: torch.Tensor | None, in_features: int, out_features: int, bits: int, block_size: int,
-                       accuracy_level: int) -> torch.Tensor:
-    """``MatMulNBits``'s meaning in torch (``accuracy_level`` aside): what the exporter sees and translates."""
+                       accuracy_level: int, int8_prompts: int) -> torch.Tensor:
+    """``MatMulNBits``'s meaning in torch (``accuracy_level`` and ``int8_prompts`` aside): what the exporter sees and
+    translates. ``int8_prompts``: -1, or the layer's index in the translation's int8-prompt layers."""
     blocks = in_features // block_size
     if bits == 4:
         codes = wo_unpack_int4(weight.reshape(out_features, -1)).float().reshape(out_features, blocks, block_size)
@@ -57,19 +65,49 @@ def weight_only_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.
 
 
 @weight_only_linear.register_fake
-def _(input, weight, scales, zero_points, bias, in_features, out_features, bits, block_size, accuracy_level):
+def _(input, weight, scales, zero_points, bias, in_features, out_features, bits, block_size, accuracy_level, int8_prompts):
     return input.new_empty((*input.shape[:-1], out_features))
 
 
-def _onnx_weight_only_linear(input, weight, scales, zero_points=None, bias=None, in_features=0, out_features=0, bits=4,
-                             block_size=32, accuracy_level=0):
-    from onnxscript import opset18 as op
-    from onnxscript.values import Op, Opset
+def _translation(int8_layers: list[tuple[str, WeightOnlyLinear]]):
+    """The exporter's translation of ``aot::weight_only_linear``; ``int8_layers``: ``(path, layer)`` of the layers whose
+    prompts run the int8 GEMM (:mod:`aot.export.onnx_prompt_gemm`), as the op's ``int8_prompts`` indexes them."""
 
-    matmul_nbits = Op(Opset("com.microsoft", 1), "MatMulNBits", _matmul_nbits_schema())
-    inputs = (input, weight, scales) if zero_points is None else (input, weight, scales, zero_points)
-    output = matmul_nbits(*inputs, K=in_features, N=out_features, bits=bits, block_size=block_size, accuracy_level=accuracy_level)
-    return output if bias is None else op.Add(output, bias)
+    def onnx_weight_only_linear(input, weight, scales, zero_points=None, bias=None, in_features=0, out_features=0,
+                                bits=4, block_size=32, accuracy_level=0, int8_prompts=-1):
+        from onnxscript import opset18 as op
+        from onnxscript.values import Op, Opset
+
+        inputs = (input, weight, scales) if zero_points is None else (input, weight, scales, zero_points)
+        attributes = dict(K=in_features, N=out_features, bits=bits, block_size=block_size, accuracy_level=accuracy_level)
+        if int8_prompts < 0:
+            output = Op(Opset(_CONTRIB, 1), "MatMulNBits", _matmul_nbits_schema())(*inputs, **attributes)
+            return output if bias is None else op.Add(output, bias)
+        name, layer = int8_layers[int8_prompts]
+        weight8, scale8 = int8_prompt_tensors(layer, name)
+        for value in (weight8, scale8):
+            weight.graph.register_initializer(value)
+        step = ir.node("MatMulNBits", list(inputs), attributes=attributes, domain=_CONTRIB)
+        prompt, decode = prompt_and_step_branches(input, step, bias, weight8, scale8, name)
+        return op.If(is_prompt(input), then_branch=prompt, else_branch=decode)
+
+    def is_prompt(input):
+        """Whether ``input`` has more rows than ``PROMPT_ROWS``: computed once for all inputs whose leading dims are the
+        same named dims (in a decoder, every layer's input), so that a decode step runs three nodes for it, not three
+        for each layer."""
+        from onnxscript import opset18 as op
+
+        leading = None if input.shape is None else tuple(str(dim) for dim in input.shape[:-1])
+        if leading is None or "None" in leading or leading not in conditions:
+            rows = op.ReduceProd(op.Shape(input, end=-1), keepdims=0)
+            condition = op.Greater(rows, op.Constant(value_int=PROMPT_ROWS))
+            if leading is None or "None" in leading:
+                return condition
+            conditions[leading] = condition
+        return conditions[leading]
+
+    conditions: dict[tuple[str, ...], object] = {}
+    return onnx_weight_only_linear
 
 
 @functools.cache
@@ -115,9 +153,12 @@ def onnx_tensors(layer: WeightOnlyLinear) -> tuple[int, dict[str, torch.Tensor]]
     return block, tensors
 
 
-def lower_weight_only_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:
+def lower_weight_only_linears(gm: torch.fx.GraphModule, int8_prompts: bool = False) -> tuple[torch.fx.GraphModule, dict]:
     """``gm`` with each WeightOnlyLinear call as ``aot::weight_only_linear`` on MatMulNBits-shaped tensors, and the
     exporter's translation table for it.
+
+    ``int8_prompts``: int4 layers with int8 activations run calls of more than a decode step's rows through ONNX
+    Runtime's int8 GEMM (:mod:`aot.export.onnx_prompt_gemm`).
 
     The graph is copied and the lowered layers' tensors live on the copy's own holder modules, at
     the layers' paths (so the ONNX initializers keep the GraphModule's names); ``gm`` and its
@@ -128,19 +169,22 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphM
         return gm, {}
     graph = copied_graph(gm.graph)
     lowered_layers: dict[str, tuple[int, dict[str, torch.Tensor]]] = {}
+    int8_layers: dict[str, int] = {}  # {path: index}
     for node in [node for node in graph.nodes if node.op == "call_module"]:
         layer = gm.get_submodule(str(node.target))
         if not isinstance(layer, WeightOnlyLinear):
             continue
         if str(node.target) not in lowered_layers:  # a layer called at several sites: its tensors made once
             lowered_layers[str(node.target)] = onnx_tensors(layer)
+            if int8_prompts and layer.bits == 4 and layer.activations == "int8" and _sees_prompts(graph, str(node.target)):
+                int8_layers[str(node.target)] = len(int8_layers)
         block, tensors = lowered_layers[str(node.target)]
         with graph.inserting_before(node):
             got = {name: graph.get_attr(f"{node.target}.{name}") for name in tensors}
             call = graph.call_function(torch.ops.aot.weight_only_linear.default, (
                 node.args[0] if node.args else node.kwargs["input"], got["weight"], got["weight_scale"],
                 got.get("weight_zero"), got.get("bias"), layer.in_features, layer.out_features, layer.bits, block,
-                _ACCURACY_LEVELS[layer.activations],
+                _ACCURACY_LEVELS[layer.activations], int8_layers.get(str(node.target), -1),
             ))
         call.meta.update(node.meta)
         node.replace_all_uses_with(call)
@@ -149,7 +193,20 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphM
             **{f"{target}.{name}": tensor for target, (_, tensors) in lowered_layers.items() for name, tensor in tensors.items()}}
     lowered = torch.fx.GraphModule(root, graph, class_name=type(gm).__name__)
     lowered.meta.update(gm.meta)
-    return lowered, {torch.ops.aot.weight_only_linear.default: _onnx_weight_only_linear}
+    indexed = [(target, gm.get_submodule(target)) for target in int8_layers]
+    return lowered, {torch.ops.aot.weight_only_linear.default: _translation(indexed)}
+
+
+def _sees_prompts(graph: torch.fx.Graph, target: str) -> bool:
+    """Whether a call of the layer ``target`` may multiply several positions of a sequence: not when each call site's
+    input has one position (a ``logits: last`` decoder's lm_head, fed the last hidden state), whose rows are a batch's
+    one token each and MatMulNBits' to run, however many; then no int8 copy of its weights is stored."""
+    for node in graph.nodes:
+        if node.op == "call_module" and str(node.target) == target:
+            value = (node.args[0] if node.args else node.kwargs["input"]).meta.get("val")
+            if value is None or value.dim() < 2 or not isinstance(value.shape[-2], int) or value.shape[-2] != 1:
+                return True
+    return False
 
 
 def _targets(graph: torch.fx.Graph) -> list[str]:

@@ -87,6 +87,7 @@ class OnnxStage:
                 output_names=output_names,
                 dim_ranges=ranges,
                 input_names=input_names,
+                int8_prompts=options.int4_prompts == "int8_gemm",
                 # The transformer optimizer matches float32 patterns: it converts after its fusions.
                 float16=options.float16 and options.optimize != "transformer",
             )

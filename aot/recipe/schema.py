@@ -317,6 +317,21 @@ class OnnxSpec(_Toggle):
         "`validate.float16`'s tolerances. `auto`: float16 for `target: cuda`, float32 for `cpu`.",
     )
 
+    int4_prompts: Literal["matmul_nbits", "int8_gemm"] = Field(
+        "matmul_nbits",
+        description="How int4 weight-only layers (activations int8) run a call of more than 8 rows, a prompt: "
+        "`matmul_nbits`, ONNX Runtime's MatMulNBits as every call; `int8_gemm`, its int8 GEMM (MatMulInteger) on an "
+        "int8 per-channel copy of the weights stored beside the int4 codes (a byte a weight more in the file), with "
+        "each row of activations rounded to int8, as the GraphModule runs prompts. Decode steps keep MatMulNBits. "
+        "Needs opset 18 or later.",
+    )
+
+    @model_validator(mode="after")
+    def _int8_prompts_need_opset_18(self) -> OnnxSpec:
+        if self.int4_prompts == "int8_gemm" and self.opset < 18:
+            raise ValueError(f"`int4_prompts: int8_gemm` needs opset 18 or later (got {self.opset}): its ReduceMax takes axes as an input")
+        return self
+
     @property
     def float16(self) -> bool:
         return self.precision == "float16" or (self.precision == "auto" and self.target == "cuda")

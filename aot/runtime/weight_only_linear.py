@@ -239,7 +239,7 @@ class WeightOnlyLinear(torch.nn.Module):
             elif self.bits == 8:
                 derived = (self.weight, self.weight_scale)
             else:  # int4 codes re-gridded per output channel, see the module doc
-                derived = self._int8_regrid()
+                derived = self.int8_regrid()
         self._packed = {**(self._packed or {}), form: (weakref.ref(self.weight), stamp, derived)}
         return derived
 
@@ -265,9 +265,11 @@ class WeightOnlyLinear(torch.nn.Module):
         offset = (8 - self.zero_points().float()) * scale
         return tiles, torch.stack([scale.t(), offset.t()], dim=-1).to(torch.bfloat16).contiguous()
 
-    def _int8_regrid(self):
+    def int8_regrid(self):
         """An int4 layer's codes as int8 per output channel, ``(codes, scales)``, made a block of rows at a time: the
-        float32 weight of a 128,256 x 2,048 lm_head would be a transient gigabyte, a block of it is a few megabytes."""
+        float32 weight of a 128,256 x 2,048 lm_head would be a transient gigabyte, a block of it is a few megabytes.
+        What ``_int_mm`` multiplies a prompt by here, and ONNX Runtime's ``MatMulInteger`` in an ONNX model exported
+        with int8 prompts (``aot.export.onnx_prompt_gemm``)."""
         codes = torch.empty((self.out_features, self.in_features), dtype=torch.int8)
         scale = torch.empty(self.out_features, dtype=torch.float32)
         for start in range(0, self.out_features, _WO_ROWS_PER_BLOCK):

@@ -1,0 +1,107 @@
+"""Int4 weight-only layers in ONNX with a second kernel for prompts: ONNX Runtime's int8 GEMM.
+
+ONNX Runtime's ``MatMulNBits`` reads int4 codes: the fastest kernel for a decode step, whose time is
+the time to read the weights. A prompt is bound by arithmetic instead, and there ``MatMulNBits`` (at
+``accuracy_level`` 4) is the slower kernel: 13.7 ms for 128 rows through a 2048 x 16384 layer, where
+``MatMulInteger`` (uint8 x int8, VNNI) takes 6.8 ms, and 7.5 against 2.8 ms through 8192 x 2048
+(2-core AMD EPYC, 2 threads, ONNX Runtime 1.32). So a layer exported with int8 prompts branches on
+the number of rows it is called with, as ``WeightOnlyLinear`` does in the GraphModule::
+
+    y = If(Size(x) > 8 K,                                              (more than 8 rows)
+           then: a = max(|x_r|) / 127 per row r                       (ReduceMax(Abs(x)), at least 1e-30)
+                 x8 = Cast(Round(x / a) + 128, uint8)                  (|x / a| <= 127: zero point 128)
+                 y = Cast(MatMulInteger(x8, W8, 128), float) · a · c   (W8: int8 (K, N), c: (N,))
+           else: y = MatMulNBits(x, codes, scales[, zero_points]))     (+ bias in both)
+
+``W8`` and ``c`` are the int4 layer re-gridded per output channel
+(:meth:`aot.runtime.WeightOnlyLinear.int8_regrid`: ``c_n = max_k |(q - z) s|_nk / 127``,
+``W8 = round((q - z) s / c)``), the GraphModule's prompt weights, stored beside the codes: a byte a
+weight more in the file. They are made as the file is written, one layer at a time (an
+``onnx_ir.LazyTensor``), so the export never holds all of them at once. An If costs nothing
+measurable: 64 MatMulNBits layers decode one row in 4.97-4.99 ms inside Ifs and 4.97-5.02 ms bare.
+
+Both branches read the layer's tensors from the enclosing graph (ONNX's outer scope), so each is
+stored once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from aot.runtime.weight_only_linear import _WO_INT4_KERNEL_ROWS, _WO_TINY, WeightOnlyLinear
+
+PROMPT_ROWS = _WO_INT4_KERNEL_ROWS  # calls of more rows take the int8 GEMM, as in the GraphModule
+
+
+def int8_prompt_tensors(layer: WeightOnlyLinear, name: str) -> tuple[ir.Value, ir.Value]:
+    """Initializers ``(W8 (K, N) int8, c (N,) float32)`` for ``layer``, ``{name}.weight_int8`` and ``…_scale`` (``name``:
+    the layer's path).
+
+    The scales are made now (a pass over the layer, a block of rows at a time), the int8 weight when the
+    file is written.
+    """
+    _, scale = layer.int8_regrid()
+    weight = ir.Value(
+        name=f"{name}.weight_int8",
+        const_value=ir.LazyTensor(lambda: _transposed_codes(layer), dtype=ir.DataType.INT8,
+                                  shape=ir.Shape([layer.in_features, layer.out_features]), name=f"{name}.weight_int8"),
+    )
+    scales = ir.Value(name=f"{name}.weight_int8_scale", const_value=ir.tensor(scale.numpy(), name=f"{name}.weight_int8_scale"))
+    for value in (weight, scales):
+        value.type, value.shape = ir.TensorType(value.const_value.dtype), value.const_value.shape
+    return weight, scales
+
+
+def _transposed_codes(layer: WeightOnlyLinear) -> ir.Tensor:
+    codes, _ = layer.int8_regrid()
+    return ir.tensor(np.ascontiguousarray(codes.t().numpy()))
+
+
+def prompt_and_step_branches(input: ir.Value, step: ir.Node, bias: ir.Value | None, weight8: ir.Value,
+                             scale8: ir.Value, name: str) -> tuple[ir.Graph, ir.Graph]:
+    """The If's ``(then, else)`` graphs: the int8 GEMM on ``weight8`` and ``scale8`` for a prompt, ``step`` (the
+    layer's MatMulNBits node, in no graph yet) for a decode step; ``bias`` added in each."""
+    nodes = _Nodes(name)
+    largest = nodes.add("ReduceMax", [nodes.add("Abs", [input]), nodes.constant(np.array([-1], np.int64))], keepdims=1)
+    row_scale = nodes.add("Div", [nodes.add("Max", [largest, nodes.constant(np.array(_WO_TINY, np.float32))]),
+                                  nodes.constant(np.array(127, np.float32))])
+    shifted = nodes.add("Add", [nodes.add("Round", [nodes.add("Div", [input, row_scale])]), nodes.constant(np.array(128, np.float32))])
+    codes = nodes.add("Cast", [shifted], to=ir.DataType.UINT8)
+    sums = nodes.add("MatMulInteger", [codes, weight8, nodes.constant(np.array(128, np.uint8))])
+    product = nodes.add("Mul", [nodes.add("Mul", [nodes.add("Cast", [sums], to=ir.DataType.FLOAT), row_scale]), scale8])
+    if bias is not None:
+        product = nodes.add("Add", [product, bias])
+    prompt = ir.Graph([], [product], nodes=nodes.taken(), name=f"{name}_prompt")
+
+    step.name, step.outputs[0].name = nodes.fresh_name(), nodes.fresh_name()
+    stepped = step.outputs[0]
+    if bias is not None:
+        stepped = nodes.add("Add", [stepped, bias])
+    for output in (product, stepped):  # the If's output type is inferred from its branches'
+        output.type = ir.TensorType(ir.DataType.FLOAT)
+    return prompt, ir.Graph([], [stepped], nodes=[step, *nodes.taken()], name=f"{name}_step")
+
+
+class _Nodes:
+    """Nodes made one at a time, each output named ``{prefix}_{n}`` (unique in the model, as ONNX requires)."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.count, self.made = prefix, 0, []
+
+    def add(self, op_type: str, inputs: list[ir.Value], **attributes) -> ir.Value:
+        node = ir.node(op_type, inputs, attributes=attributes, name=self.fresh_name())
+        node.outputs[0].name = node.name
+        self.made.append(node)
+        return node.outputs[0]
+
+    def constant(self, array: np.ndarray) -> ir.Value:
+        return self.add("Constant", [], value=ir.tensor(array))
+
+    def taken(self) -> list[ir.Node]:
+        made, self.made = self.made, []
+        return made
+
+    def fresh_name(self) -> str:
+        self.count += 1
+        return f"{self.prefix}_{self.count}"
