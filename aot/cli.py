@@ -429,7 +429,8 @@ def _answers_text(result: dict[str, Any]) -> str:
         header = "      " + "".join(f"{j + 1:>8}" for j in range(len(matrix)))
         return "\n".join([header] + [f"{i + 1:>6}" + "".join(f"{value:8.4f}" for value in row) for i, row in enumerate(matrix)])
     if result["task"] == "decoder":
-        return "\n".join(f"{item['prompt']} {item['generated']}" for item in items)
+        # A byte-level BPE's continuation keeps its leading space (" Paris"); a WordPiece one has none ("paris").
+        return "\n".join(item["prompt"] + ("" if item["generated"][:1].isspace() else " ") + item["generated"] for item in items)
     if result["task"] in ("classifier", "vision"):
         return "\n".join(f"{_example(item)}: " + ", ".join(f"{l['label']} {l['score']:.3f}" for l in item["labels"]) for item in items)
     lines = []

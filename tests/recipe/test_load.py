@@ -237,8 +237,9 @@ LARGE_RECIPES = sorted((Path(__file__).parents[2] / "recipes" / "large").glob("*
 
 @pytest.mark.parametrize("path", LARGE_RECIPES, ids=lambda path: path.name)
 def test_every_large_recipe_loads_beside_the_checkpoint_the_repo_writes(path, tmp_path):
-    """The large recipes build outside CI (their checkpoints are GBs): their text must still load, beside the config
-    of a checkpoint ``scripts/write_checkpoint.py`` writes (its weights are not read at load)."""
+    """The large recipes build outside CI (their checkpoints are GBs, or fetched): their text must still load, beside the
+    config of a checkpoint ``scripts/write_checkpoint.py`` or ``scripts/real_checkpoint.py`` writes (its weights are not
+    read at load)."""
     import runpy
     import shutil
 
@@ -247,13 +248,16 @@ def test_every_large_recipe_loads_beside_the_checkpoint_the_repo_writes(path, tm
     import transformers
 
     assert LARGE_RECIPES, "precondition: recipes/large holds recipes"
-    shapes = runpy.run_path(str(path.parents[2] / "scripts" / "write_checkpoint.py"), run_name="shapes")["SHAPES"]
+    scripts = path.parents[2] / "scripts"
+    real = runpy.run_path(str(scripts / "real_checkpoint.py"), run_name="shapes")["REAL"]
+    shapes = {**runpy.run_path(str(scripts / "write_checkpoint.py"), run_name="shapes")["SHAPES"],
+              **{name: spec["config"] for name, spec in real.items()}}
     (tmp_path / "recipes" / "large").mkdir(parents=True)
     shutil.copytree(path.parents[1] / "data", tmp_path / "recipes" / "data")
     recipe = shutil.copy(path, tmp_path / "recipes" / "large")
     pretrained = _pretrained_text(path)  # ../../checkpoints/NAME, from the recipe's directory
     name = Path(pretrained).name
-    assert name in shapes, f"{path.name}: no checkpoint named {name} in write_checkpoint.py"
+    assert name in shapes, f"{path.name}: no checkpoint named {name} in write_checkpoint.py or real_checkpoint.py"
     checkpoint = tmp_path / "recipes" / "large" / pretrained
     transformers.AutoConfig.for_model(**shapes[name]).save_pretrained(checkpoint)
     # weights_dtype asks for safetensors weights in that dtype (the checkpoint script writes bfloat16)
