@@ -112,3 +112,42 @@ def test_asymmetric_int4_and_int8_layers_run_in_onnx_runtime_as_in_torch(tmp_pat
             want = graph_module(x)
         got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_decoder_built_with_int8_prompts_branches_and_passes_its_gate(tmp_path):
+    """llama_int4.yaml with `export.onnx.int4_prompts: int8_gemm`: every int4 layer an If (logits: last keeps the lm_head
+    on MatMulNBits alone), the fidelity gate met by both artifacts, and the keys and values a prompt caches through ONNX
+    Runtime's int8 GEMM those of the GraphModule (the same int8 weights and per-row activations), where a decode step's
+    new ones differ (MatMulNBits against torch's int4 kernel)."""
+    import onnxruntime
+
+    shutil.copytree(RECIPES / "data", tmp_path / "data")
+    text = (RECIPES / "llama_int4.yaml").read_text()
+    assert "export:" not in text and "logits: last" in text, "precondition: the recipe sets no export options"
+    (tmp_path / "prompts.yaml").write_text(text.rstrip() + "\nexport:\n  onnx:\n    int4_prompts: int8_gemm\n")
+    built = Path(build(tmp_path / "prompts.yaml", tmp_path / "out").output)
+    model = onnx.load(str(built / "model.onnx"))
+    assert [node.op_type for node in model.graph.node].count("If") == 6 * 4
+    assert [node.op_type for node in model.graph.node].count("MatMulNBits") == 1, "the lm_head"
+    gate = [entry for entry in json.loads((built / "manifest.json").read_text())["generation"] if "metrics" in entry]
+    assert {entry["artifact"] for entry in gate} == {"onnx", "graph_module"} and all(entry["ok"] for entry in gate)
+
+    module = load_standalone(built / "graph_module")
+    names = type(module).generate.__globals__
+    session = onnxruntime.InferenceSession(str(built / "model.onnx"), providers=["CPUExecutionProvider"])
+    onnx_names = [i.name for i in session.get_inputs()]
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, 30522, (1, 12)))
+    past = list(names["PAST_LAYOUT"].empty(1))
+    for length in (12, 1):  # the prompt, then one step on its cache
+        step = [ids[:, -length:], torch.ones(1, 12 + (length == 1), dtype=torch.long),
+                torch.arange(12 - length + (length == 1), 12 + (length == 1))[None], *past]
+        with torch.no_grad():
+            outputs = list(module(**dict(zip(names["STEP_INPUTS"], step))).values())
+        onnx_outputs = session.run(None, dict(zip(onnx_names, [tensor.numpy() for tensor in step])))
+        newest = [(got[..., -length:, :], want[..., -length:, :].numpy()) for got, want in zip(onnx_outputs[1:], outputs[1:])]
+        difference = max(np.abs(got - want).max() / np.abs(want).max() for got, want in newest)
+        if length == 12:
+            assert difference < 1e-4, f"a prompt's cached keys and values differ by {difference:.2e} of their scale"
+        else:
+            assert difference > 1e-4, "a step runs MatMulNBits in ONNX Runtime and torch's int4 kernel in module.py"
+        past = outputs[1:]
