@@ -91,22 +91,23 @@ def _translation(int8_layers: list[tuple[str, WeightOnlyLinear]]):
         prompt, decode = prompt_and_step_branches(input, step, bias, weight8, scale8, name)
         return op.If(is_prompt(input), then_branch=prompt, else_branch=decode)
 
+    conditions: dict[tuple[str, ...], object] = {}  # {leading dims: their row count's condition}
+
     def is_prompt(input):
         """Whether ``input`` has more rows than ``PROMPT_ROWS``: computed once for all inputs whose leading dims are the
         same named dims (in a decoder, every layer's input), so that a decode step runs three nodes for it, not three
-        for each layer."""
+        for each layer. Inputs with an unnamed dim get their own."""
         from onnxscript import opset18 as op
 
         leading = None if input.shape is None else tuple(str(dim) for dim in input.shape[:-1])
-        if leading is None or "None" in leading or leading not in conditions:
-            rows = op.ReduceProd(op.Shape(input, end=-1), keepdims=0)
-            condition = op.Greater(rows, op.Constant(value_int=PROMPT_ROWS))
-            if leading is None or "None" in leading:
-                return condition
+        shared = leading is not None and "None" not in leading
+        if shared and leading in conditions:
+            return conditions[leading]
+        condition = op.Greater(op.ReduceProd(op.Shape(input, end=-1), keepdims=0), op.Constant(value_int=PROMPT_ROWS))
+        if shared:
             conditions[leading] = condition
-        return conditions[leading]
+        return condition
 
-    conditions: dict[tuple[str, ...], object] = {}
     return onnx_weight_only_linear
 
 

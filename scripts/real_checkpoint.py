@@ -55,7 +55,6 @@ def write_checkpoint(name: str, out: Path) -> Path:
     if different:
         raise SystemExit(f"{spec['file']}: the GGUF metadata gives another configuration: {different}")
     # A model loaded from GGUF records its quantisation and refuses save_pretrained: a plain one gets its weights.
-    config.quantization_config = None
     del config.quantization_config
     config.dtype = "float32"
     model = transformers.AutoModelForCausalLM.from_config(config)
