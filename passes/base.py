@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 TRANSFORMS_KEY = "aot_transforms"
 REVERSE_KEY = "aot_reverse"
+#: graph_module.meta key of the inputs a pass that calibrates runs the graph on: keyword dicts, as the graph is called
+CALIBRATION_KEY = "aot_calibration_inputs"
 
 
 class PassFailure(PassError):
@@ -180,6 +182,11 @@ class Transformation(ABC):
             if spec.is_required() or getattr(self.options, name) != spec.get_default(call_default_factory=True)
         }
         return f"{self.name}({json.dumps(changed, sort_keys=True, separators=(',', ':'))})" if changed else self.name
+
+    def needs_calibration(self) -> bool:
+        """Whether this pass, with its options, runs the graph on calibration inputs (``graph_module.meta[CALIBRATION_KEY]``,
+        which the build gives it from the recipe's ``generation.calibration``)."""
+        return False
 
     @abstractmethod
     def transform(self, graph_module: GraphModule) -> GraphModule:

@@ -20,7 +20,15 @@ row (int8)::
     int8:              s = max|w| / 127,  q = clamp(round(w / s), -127, 127),   z = 0
     y = x · ((q - z) · s)^T + b
 
-Each weight moves by at most ``s / 2``, so this pass does not preserve the computation: a
+``method: gptq`` keeps the grid and picks the codes by GPTQ instead (:mod:`aot.passes._gptq`):
+each layer's weights are rounded one input column at a time, each column's error made up by the
+columns after it, weighted by ``H = Σ x xᵀ`` of the inputs the layer sees on the recipe's
+calibration texts (``generation.calibration``). Layers are calibrated a few at a time in graph
+order (their ``H`` within ``gptq_memory_mib``), the graph run on the texts with the layers before
+them already quantised, so each is fitted to the inputs it will get. ``H`` waits in the layer's
+first call node's ``meta`` until the layer is rewritten.
+
+Each weight moves by at most ``s / 2`` (rounding to nearest), so this pass does not preserve the computation: a
 decoder recipe using it names a fidelity gate (``generation.fidelity``: KL divergence and top-1
 agreement of next-token distributions, greedy agreement), an encoder an accuracy gate.
 
@@ -42,18 +50,26 @@ time. A layer called at several sites is converted once and serves them all.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from torch.fx import GraphModule
 
+from aot.errors import PassError
 from aot.runtime.weight_only_linear import WeightOnlyLinear
 
+from ._gptq import gptq_quantize
+from ._input_hessians import calibration_inputs, input_hessians
 from ._modules import set_submodule
 from ._quantizable_linears import LinearLayer, describe, linear_layers, quantizable_miss
 from .registry import register_pass
 from .rule import Match, RewriteRule
+
+logger = logging.getLogger(__name__)
+
+HESSIAN_KEY = "aot_input_hessian"  # node.meta of a layer's first call: its H, from calibration to its rewrite
 
 
 @register_pass("quantize_linear_weights", frontends=("fx",))
@@ -81,10 +97,39 @@ class QuantizeLinearWeights(RewriteRule):
         lm_head: bool = Field(
             default=True, description="Quantise the output projection (a layer named `lm_head`), often the largest single weight.",
         )
+        method: Literal["nearest", "gptq"] = Field(
+            default="nearest",
+            description="How weights become codes on the grid: `nearest` rounds each weight alone; `gptq` rounds a layer's "
+            "input columns in turn, each column's error made up by the columns after it, weighted by the layer's inputs on "
+            "the recipe's calibration texts (generation.calibration): slower to build, closer to the float model.",
+        )
+        damping: float = Field(
+            default=0.01, gt=0, le=1, allow_inf_nan=False,
+            description="gptq: added to the diagonal of each layer's input statistics H, as a share of its mean.",
+        )
+        act_order: bool = Field(
+            default=True,
+            description="gptq: round a layer's input columns largest mean square input first, each group's grid taken "
+            "before any column moves (GPTQ's act-order with static groups); false: in column order, each group's grid "
+            "taken when its first column comes up.",
+        )
+        gptq_memory_mib: float = Field(
+            default=512.0, gt=0, allow_inf_nan=False,
+            description="gptq: the most MiB of layer input statistics (in_features² float32 each) held at once; layers "
+            "are calibrated as many at a time as fit (at least one), each group a run of the graph on the texts.",
+        )
         skip: list[str] = Field(
             default=[],  # pydantic copies it per instance; a literal default is what `aot passes` prints
             description="fnmatch patterns on module paths (e.g. 'model.layers.0.*') of linear layers to keep in float32.",
         )
+
+    def needs_calibration(self) -> bool:
+        return self.options.method == "gptq"
+
+    def transform(self, graph_module: GraphModule) -> GraphModule:
+        if self.needs_calibration() and not calibration_inputs(graph_module):
+            raise PassError("method gptq needs calibration texts to run the graph on: add generation.calibration to the recipe")
+        return super().transform(graph_module)
 
     def candidates(self, graph_module: GraphModule) -> Iterator[Match[LinearLayer]]:
         """Each nn.Linear with all its call sites: one module, quantised once."""
@@ -109,7 +154,36 @@ class QuantizeLinearWeights(RewriteRule):
         linear = graph_module.get_submodule(target)
         options = self.options
         symmetric = options.symmetric or options.bits == 8  # int8 is symmetric, one scale per output channel
+        quantized = None
+        if options.method == "gptq":  # H is handed over, not kept here: gptq_quantize frees it as it goes
+            quantized = gptq_quantize(linear.weight, self._hessian(graph_module, layer), options.bits, options.group_size,
+                                      symmetric, options.damping, options.act_order)
         set_submodule(graph_module, target, WeightOnlyLinear.from_linear(linear, options.bits, options.group_size, symmetric,
-                                                                         options.activations))
+                                                                         options.activations, quantized))
         for node in nodes:
             self.mark_as_transformed(node)
+
+    def _hessian(self, graph_module: GraphModule, layer: LinearLayer):
+        """``layer``'s H, taken (with those of the layers after it that fit in ``gptq_memory_mib``) when first asked for."""
+        target, nodes = layer
+        if HESSIAN_KEY not in nodes[0].meta:
+            batch = self._calibration_batch(graph_module, target)
+            logger.info("gptq: calibrating %d layers from '%s' on %d texts", len(batch), target,
+                        len(calibration_inputs(graph_module)))
+            hessians = input_hessians(graph_module, {name: len(calls) for name, calls in batch})
+            for name, calls in batch:  # every layer has its H: a graph has no branches, and a run stops only once all are seen
+                calls[0].meta[HESSIAN_KEY] = hessians.pop(name)
+        return nodes[0].meta.pop(HESSIAN_KEY)
+
+    def _calibration_batch(self, graph_module: GraphModule, first: str) -> list[LinearLayer]:
+        """``first`` and the layers this pass will rewrite after it, in graph order, whose H fit in ``gptq_memory_mib``."""
+        batch, budget = [], self.options.gptq_memory_mib * 2**20
+        for found in linear_layers(graph_module):
+            if not found or not self.check(graph_module, found.value) or (not batch and found.value[0] != first):
+                continue
+            size = graph_module.get_submodule(found.value[0]).in_features ** 2 * 4
+            if batch and size > budget:
+                break
+            batch.append(found.value)
+            budget -= size
+        return batch

@@ -8,6 +8,7 @@ memory is freed: :class:`aot.build.schedule.BuildSchedule` does.
 from __future__ import annotations
 
 import hashlib
+import logging
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +24,15 @@ from aot.bundle import DEPLOYMENT_KEY, write_deployment_files
 from aot.cuda_graphs import cuda_graph_spec
 from aot.errors import ExportError
 from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
-from aot.models import load_model
-from aot.recipe.plan import BuildPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
+from aot.models import load_model, load_tokenizer
+from aot.passes.base import CALIBRATION_KEY
+from aot.recipe.plan import BuildPlan, CalibrationPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
 from aot.validate.accuracy import make_gate
 from aot.validate.artifacts import ArtifactChecks, eager_outputs, eager_runner, generation_reference, untimed_stage, validate_graph
 from aot.validate.eager_guard import check_after_each_pass
 from aot.weights_dtype import widen_leftover_linears
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,11 +91,30 @@ def take_eager_reference(plan: ValidationPlan, work: Work) -> None:
 def transform(plan: PassesPlan, work: Work, report: BuildReport) -> None:
     """The recipe's passes, each checked to leave the eager model as it was (its outputs may be taken after them)."""
     unchanged_eager_model = check_after_each_pass(work.model, list(plan.passes))
-    work.graph, report.passes = run_pipeline(work.graph, list(plan.passes), after_each=unchanged_eager_model)
+    graph = work.graph
+    if plan.calibration is not None:
+        graph.meta[CALIBRATION_KEY] = _calibration_inputs(plan.calibration, work.model)
+    try:
+        work.graph, report.passes = run_pipeline(graph, list(plan.passes), after_each=unchanged_eager_model)
+    finally:  # the texts are the passes' alone: no artifact keeps them
+        graph.meta.pop(CALIBRATION_KEY, None)
+        if work.graph is not None:
+            work.graph.meta.pop(CALIBRATION_KEY, None)
     widened = widen_leftover_linears(work.graph)  # narrow weights (model.weights_dtype) no pass replaced
     if widened:
         work.graph.meta.setdefault("trace_report", {}).setdefault("notes", []).append(
             f"widened {len(widened)} linear layers no pass replaced to {plan.compute_dtype}")
+
+
+def _calibration_inputs(plan: CalibrationPlan, step: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
+    from aot.decoding.calibration import calibration_inputs
+
+    lines = [line for line in plan.texts_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    made = calibration_inputs(step, lines, load_tokenizer(plan.tokenizer), plan.spec.max_tokens, plan.spec.max_texts)
+    if not made:
+        raise plan.locator.error(("generation", "calibration", "texts"), "no text of two tokens or more")
+    log.info("calibration: %d texts, %d tokens", len(made), sum(inputs[next(iter(inputs))].numel() for inputs in made))
+    return made
 
 
 def check_graph(plan: ValidationPlan, work: Work, report: BuildReport) -> None:

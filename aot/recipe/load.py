@@ -100,6 +100,14 @@ class LoadedRecipe:
         return (self.path.parent / accuracy.data).resolve()
 
     @cached_property
+    def calibration_texts_path(self) -> Path | None:
+        """``generation.calibration``'s texts file, relative to the recipe file; None without it."""
+        generation = self.recipe.generation
+        if generation is None or generation.calibration is None:
+            return None
+        return (self.path.parent / generation.calibration.texts).resolve()
+
+    @cached_property
     def fidelity_prompts_path(self) -> Path | None:
         """The fidelity gate's prompts file, relative to the recipe file; None without the gate."""
         fidelity = fidelity_gate(self)
@@ -126,6 +134,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
         loaded, loaded.recipe.export.graph_module.passes, ("export", "graph_module", "passes")
     )
     _check_files(loaded)
+    _check_calibration(loaded)
     _check_accuracy_gate(loaded)
     _check_generation(loaded)
     return loaded
@@ -157,13 +166,49 @@ def _check_generation(loaded: LoadedRecipe) -> None:
                            "step past the window) and generations: leave validate.shapes out")
 
 
+def _pass_steps(loaded: LoadedRecipe) -> list[tuple[Location, PassSpec]]:
+    """The recipe's passes, both pipelines, with where the recipe names each."""
+    steps = [(("passes", i), spec) for i, spec in enumerate(loaded.passes)]
+    return steps + [(("export", "graph_module", "passes", i), spec) for i, spec in enumerate(loaded.graph_module_passes)]
+
+
+def passes_needing_calibration(loaded: LoadedRecipe) -> list[tuple[Location, PassSpec]]:
+    """The recipe's passes (either pipeline) that run the graph on calibration texts, with where the recipe names them."""
+    from aot.passes import registry
+
+    return [(location, spec) for location, spec in _pass_steps(loaded)
+            if registry.get(spec.name).create(spec.options).needs_calibration()]
+
+
+def _check_calibration(loaded: LoadedRecipe) -> None:
+    """A pass that fits to data has texts, read by a tokenizer, and runs in the pipeline that gets them."""
+    needing = passes_needing_calibration(loaded)
+    path = loaded.calibration_texts_path
+    if path is None:
+        if needing:
+            location, spec = needing[0]
+            raise loaded.error(location, f"pass '{spec.name}' fits to calibration texts: add generation.calibration "
+                               "(a text file, one text a line) to the recipe")
+        return
+    if not loaded.recipe.generation.cache:
+        raise loaded.error(("generation", "calibration"), "calibration texts run as prefills of a decoder step: "
+                           "it needs generation.cache: true")
+    for location, spec in needing:
+        if location[0] != "passes":
+            raise loaded.error(location, f"pass '{spec.name}' fits to calibration texts, which only the recipe's "
+                               "`passes` get: move it there")
+    if not path.is_file():
+        raise loaded.error(("generation", "calibration", "texts"), f"texts file not found: {path}")
+    if tokenizer_directory(loaded) is None:
+        raise loaded.error(("generation", "calibration", "texts"), "texts need a tokenizer: model.pretrained, or "
+                           "generation.tokenizer for a model built from a config")
+
+
 def passes_changing_computation(loaded: LoadedRecipe) -> list[tuple[Location, PassSpec]]:
     """The recipe's passes (either pipeline) that do not preserve the computation, with where the recipe names them."""
     from aot.passes import registry
 
-    steps = [(("passes", i), spec) for i, spec in enumerate(loaded.passes)]
-    steps += [(("export", "graph_module", "passes", i), spec) for i, spec in enumerate(loaded.graph_module_passes)]
-    return [(location, spec) for location, spec in steps if not registry.get(spec.name).cls.preserves_computation]
+    return [(location, spec) for location, spec in _pass_steps(loaded) if not registry.get(spec.name).cls.preserves_computation]
 
 
 def _check_accuracy_gate(loaded: LoadedRecipe) -> None:

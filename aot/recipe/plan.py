@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aot.recipe.load import LoadedRecipe, fidelity_gate, is_decoder_with_cache, passes_changing_computation
+from aot.recipe.load import (LoadedRecipe, fidelity_gate, is_decoder_with_cache, passes_changing_computation,
+                             passes_needing_calibration)
 from aot.recipe.locator import Located, RecipeLocator
 from aot.recipe.ranges import SequenceDemand, sequence_demands, shape_case_dims
 from aot.recipe.schema import (
-    AccuracySpec, AotiSpec, DimSpec, FidelitySpec, GenerationSpec, GraphModuleSpec, InputsSpec, ModelSpec, OnnxSpec,
+    AccuracySpec, AotiSpec, CalibrationSpec, DimSpec, FidelitySpec, GenerationSpec, GraphModuleSpec, InputsSpec, ModelSpec, OnnxSpec,
     PassSpec, TensorSpec, Tolerance, TraceSpec,
 )
 
@@ -73,9 +74,20 @@ class TracePlan:
 
 
 @dataclass(frozen=True)
+class CalibrationPlan:
+    """``generation.calibration``: texts the graph runs on as prefills while a pass fits to them."""
+
+    spec: CalibrationSpec
+    texts_path: Path
+    tokenizer: Located
+    locator: RecipeLocator
+
+
+@dataclass(frozen=True)
 class PassesPlan:
     passes: tuple[PassSpec, ...]
     compute_dtype: str  # what narrow weights (model.weights_dtype) no pass replaced are widened to
+    calibration: CalibrationPlan | None = None  # where a pass needs it (load_recipe has checked that one does)
 
 
 @dataclass(frozen=True)
@@ -209,7 +221,7 @@ def plan_build(loaded: LoadedRecipe) -> BuildPlan:
         locator=locator,
     )
     trace = TracePlan(recipe.trace)
-    passes = PassesPlan(tuple(loaded.passes), compute_dtype=spec.dtype)
+    passes = PassesPlan(tuple(loaded.passes), compute_dtype=spec.dtype, calibration=_calibration_plan(loaded))
     gate = _gate_plan(loaded)
     validate = recipe.validate_
     tolerance = Tolerance(atol=validate.atol, rtol=validate.rtol)
@@ -262,6 +274,12 @@ def _gate_plan(loaded: LoadedRecipe) -> GatePlan | None:
     )
 
 
+def _calibration_plan(loaded: LoadedRecipe) -> CalibrationPlan | None:
+    if not passes_needing_calibration(loaded):
+        return None  # texts no pass fits to are not even tokenised
+    return CalibrationPlan(loaded.recipe.generation.calibration, loaded.calibration_texts_path, loaded.tokenizer, loaded.locator)
+
+
 def _generation_plan(loaded: LoadedRecipe, tolerance: Tolerance) -> GenerationPlan:
     fidelity = fidelity_gate(loaded)
     fidelity_plan = None
@@ -271,6 +289,6 @@ def _generation_plan(loaded: LoadedRecipe, tolerance: Tolerance) -> GenerationPl
 
 
 __all__ = [
-    "BisectPlan", "BuildPlan", "DeploymentPlan", "ExportPlan", "FidelityPlan", "GatePlan", "GenerationPlan", "InputsPlan",
+    "BisectPlan", "BuildPlan", "CalibrationPlan", "DeploymentPlan", "ExportPlan", "FidelityPlan", "GatePlan", "GenerationPlan", "InputsPlan",
     "ModelPlan", "PassesPlan", "RecipeRecord", "TracePlan", "ValidationPlan", "plan_build",
 ]

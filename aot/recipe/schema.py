@@ -396,6 +396,17 @@ class FidelitySpec(_Strict):
         return self
 
 
+class CalibrationSpec(_Strict):
+    """Texts a pass fits its choices to (``quantize_linear_weights`` with ``method: gptq``): each a prefill of the decoder."""
+
+    texts: str = Field(
+        ..., description="A text file relative to the recipe, one text a line (e.g. data/sentences.txt), tokenised "
+        "with the tokenizer the build ships. Keep it apart from the fidelity prompts, which judge the result.",
+    )
+    max_tokens: int = Field(128, ge=2, description="Each text is cut to this many tokens; texts under 2 tokens are left out.")
+    max_texts: int | None = Field(None, ge=1, description="Use only the first this many texts (all when left out).")
+
+
 class GenerationSpec(_Strict):
     """A decoder that generates: the build's artifacts are one KV-cache step, validated by greedy generation."""
 
@@ -431,6 +442,12 @@ class GenerationSpec(_Strict):
         "each artifact's teacher-forced next-token distributions on real prompts against the float32 eager model's "
         "(KL divergence, top-1 agreement) and its greedy tokens. The exact-token generation check is then recorded, "
         "not required.",
+    )
+
+    calibration: CalibrationSpec | None = Field(
+        None,
+        description="Texts for passes that fit to data (quantize_linear_weights with method: gptq): the graph runs each "
+        "as a prefill while the pass works. Required by such a pass, unused otherwise.",
     )
 
     @model_validator(mode="after")

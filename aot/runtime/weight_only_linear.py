@@ -98,27 +98,41 @@ def _wo_by_rows(weight: torch.Tensor, quantize):
     return tuple(torch.cat(parts) for parts in zip(*blocks))
 
 
+def wo_int8_scale(rows: torch.Tensor) -> torch.Tensor:
+    """The int8 scale ``s = max |w| / 127`` of each row of ``rows`` (float32), 1 for an all-zero row."""
+    largest = rows.abs().amax(dim=-1)
+    return torch.where(largest > 0, largest / 127, torch.ones_like(largest)).contiguous()
+
+
 def _wo_quantize_int8_rows(weight: torch.Tensor):
     values = weight.detach().float()
-    largest = values.abs().amax(dim=1)
-    scale = torch.where(largest > 0, largest / 127, torch.ones_like(largest)).contiguous()
+    scale = wo_int8_scale(values)
     return torch.clamp(torch.round(values / scale[:, None]), -127, 127).to(torch.int8), scale
+
+
+def wo_int4_grid(groups: torch.Tensor, symmetric: bool):
+    """``(s, z)`` of each group ``(..., g)`` of float32 weights (the module doc's formulas), z as float32."""
+    if symmetric:
+        largest = groups.abs().amax(dim=-1)
+        scale = torch.where(largest > 0, largest / 7, torch.ones_like(largest))
+        return scale, torch.full_like(scale, 8)
+    low = groups.amin(dim=-1).clamp(max=0)
+    high = groups.amax(dim=-1).clamp(min=0)
+    scale = (high - low) / 15
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return scale, torch.clamp(torch.round(-low / scale), 0, 15)
+
+
+def wo_int4_codes(values: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """``q = clamp(round(w / s) + z, 0, 15)`` (float32), ``scale`` and ``zero`` broadcast against ``values``."""
+    return torch.clamp(torch.round(values / scale) + zero, 0, 15)
 
 
 def _wo_quantize_int4_rows(weight: torch.Tensor, group_size: int, symmetric: bool):
     out_features, in_features = weight.shape
     groups = weight.detach().float().reshape(out_features, in_features // group_size, group_size)
-    if symmetric:
-        largest = groups.abs().amax(dim=-1)
-        scale = torch.where(largest > 0, largest / 7, torch.ones_like(largest))
-        zero = torch.full_like(scale, 8)
-    else:
-        low = groups.amin(dim=-1).clamp(max=0)
-        high = groups.amax(dim=-1).clamp(min=0)
-        scale = (high - low) / 15
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        zero = torch.clamp(torch.round(-low / scale), 0, 15)
-    codes = torch.clamp(torch.round(groups / scale[..., None]) + zero[..., None], 0, 15).to(torch.uint8)
+    scale, zero = wo_int4_grid(groups, symmetric)
+    codes = wo_int4_codes(groups, scale[..., None], zero[..., None]).to(torch.uint8)
     return wo_pack_int4(codes.reshape(out_features, in_features)), scale.contiguous(), zero.to(torch.uint8)
 
 
@@ -168,14 +182,15 @@ class WeightOnlyLinear(torch.nn.Module):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, bits: int = 4, group_size: int = 32, symmetric: bool = True,
-                    activations: str = "int8") -> "WeightOnlyLinear":
-        """The weight-only form of a float ``nn.Linear``: its weight quantised, its bias kept."""
+                    activations: str = "int8", quantized: tuple | None = None) -> "WeightOnlyLinear":
+        """The weight-only form of a float ``nn.Linear``: its weight quantised (rounded to nearest, or ``quantized``,
+        what ``wo_quantize_int8`` / ``wo_quantize_int4`` return, found another way), its bias kept."""
         module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, bits=bits, group_size=group_size,
                      symmetric=symmetric, activations=activations, device="meta")
         if bits == 8:
-            module.weight, module.weight_scale = wo_quantize_int8(linear.weight)
+            module.weight, module.weight_scale = quantized or wo_quantize_int8(linear.weight)
         else:
-            packed, scale, zero = wo_quantize_int4(linear.weight, group_size, symmetric)
+            packed, scale, zero = quantized or wo_quantize_int4(linear.weight, group_size, symmetric)
             module.weight, module.weight_scale = packed, scale
             if not symmetric:
                 module.weight_zero = zero
