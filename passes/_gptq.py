@@ -76,7 +76,8 @@ def _gptq_rows(rows: torch.Tensor, factor: torch.Tensor, dead: torch.Tensor, ord
     grids = [_grid(work[:, start:start + group], bits, symmetric) for start in range(0, in_features, group)]
     if order is not None:
         work = work[:, order]
-    block = max(BLOCK_COLUMNS, group)
+    static = order is not None or bits == 8  # every grid known before any column moves
+    block = BLOCK_COLUMNS if static else max(BLOCK_COLUMNS, group)  # else a group's grid sees its block's updates
     codes = torch.empty(work.shape, dtype=torch.uint8 if bits == 4 else torch.int8)
     for start in range(0, in_features, block):
         end = min(start + block, in_features)
@@ -85,7 +86,7 @@ def _gptq_rows(rows: torch.Tensor, factor: torch.Tensor, dead: torch.Tensor, ord
         for offset in range(end - start):
             index = start + offset
             column_group = (order[index].item() if order is not None else index) // group
-            if order is None and index % group == 0:  # the group's grid, from its weights as they stand now
+            if not static and index % group == 0:  # the group's grid, from its weights as they stand now
                 grids[column_group] = _grid(work[:, index:index + group], bits, symmetric)
             column = columns[:, offset]
             code, value = _round(column, bits, *grids[column_group])
