@@ -56,7 +56,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     hessian[dead, dead] = 1
     order = torch.argsort(torch.diagonal(hessian), descending=True, stable=True) if act_order else None
     if order is not None:
-        hessian = hessian[order][:, order]
+        hessian = hessian[order]  # rows, then columns: two matrices alive at a time, not three
+        hessian = hessian[:, order]
     hessian.diagonal().add_(damping * torch.diagonal(hessian).mean())
     factor = torch.linalg.cholesky(hessian)  # each step rebinds its name: the matrix before it is freed
     del hessian
