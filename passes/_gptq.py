@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from aot.runtime.weight_only_linear import wo_int4_codes, wo_int4_grid, wo_int8_scale, wo_pack_int4
+from aot.runtime.weight_only_linear import wo_by_rows, wo_int4_codes, wo_int4_grid, wo_int8_scale, wo_pack_int4
 
 BLOCK_COLUMNS = 128  # columns updated one by one before the rest get their update at once (GPTQ's lazy batch)
 ROWS_PER_BLOCK = 4096  # output rows rounded together: their float32 working copy is what a layer costs beyond H
@@ -63,9 +63,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     del hessian
     factor = torch.cholesky_inverse(factor)
     factor = torch.linalg.cholesky(factor, upper=True)  # U, upper triangular, with Uᵀ U = (H + λ I)⁻¹
-    blocks = [_gptq_rows(weight[start:start + ROWS_PER_BLOCK], factor, dead, order, bits, group_size, symmetric)
-              for start in range(0, weight.shape[0], ROWS_PER_BLOCK)]
-    return tuple(torch.cat(parts) for parts in zip(*blocks))
+    return wo_by_rows(weight, lambda rows: _gptq_rows(rows, factor, dead, order, bits, group_size, symmetric),
+                       ROWS_PER_BLOCK)
 
 
 def _gptq_rows(rows: torch.Tensor, factor: torch.Tensor, dead: torch.Tensor, order: torch.Tensor | None, bits: int,
@@ -74,10 +73,11 @@ def _gptq_rows(rows: torch.Tensor, factor: torch.Tensor, dead: torch.Tensor, ord
     work[:, dead] = 0
     in_features = work.shape[1]
     group = group_size if bits == 4 else in_features
-    grids = [_grid(work[:, start:start + group], bits, symmetric) for start in range(0, in_features, group)]
+    static = order is not None or bits == 8  # every grid known before any column moves
+    starts = range(0, in_features, group)
+    grids = [_grid(work[:, start:start + group], bits, symmetric) if static else None for start in starts]
     if order is not None:
         work = work[:, order]
-    static = order is not None or bits == 8  # every grid known before any column moves
     block = BLOCK_COLUMNS if static else max(BLOCK_COLUMNS, group)  # else a group's grid sees its block's updates
     codes = torch.empty(work.shape, dtype=torch.uint8 if bits == 4 else torch.int8)
     for start in range(0, in_features, block):

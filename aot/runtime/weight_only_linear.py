@@ -82,19 +82,19 @@ _WO_INT4_TILE_ROWS = 16  # _convert_weight_to_int4pack_for_cpu needs a multiple 
 # purpose: each aot.runtime module is pasted alone into a module.py, so none may import another.
 def wo_quantize_int8(weight: torch.Tensor):
     """``(q, s)``: symmetric int8 codes ``(out, in)`` and float32 scales ``(out,)``, per output channel."""
-    return _wo_by_rows(weight, _wo_quantize_int8_rows)
+    return wo_by_rows(weight, _wo_quantize_int8_rows)
 
 
 def wo_quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool):
     """``(packed, s, z)``: 4-bit codes two a byte ``(out, in/2)``, float32 scales and uint8 zero points ``(out, in/g)``."""
-    return _wo_by_rows(weight, lambda rows: _wo_quantize_int4_rows(rows, group_size, symmetric))
+    return wo_by_rows(weight, lambda rows: _wo_quantize_int4_rows(rows, group_size, symmetric))
 
 
-def _wo_by_rows(weight: torch.Tensor, quantize):
-    """``quantize`` over ``_WO_ROWS_PER_BLOCK`` output rows at a time, its results joined: each row's codes and
+def wo_by_rows(weight: torch.Tensor, quantize, rows_per_block: int = _WO_ROWS_PER_BLOCK):
+    """``quantize`` over ``rows_per_block`` output rows at a time, its results joined: each row's codes and
     scales (or int4 tiles) depend on that row alone, so this is the whole weight's result, with temporaries of a
     block only (a 128,256-row output projection would need several GB of them at once)."""
-    blocks = [quantize(weight[start:start + _WO_ROWS_PER_BLOCK]) for start in range(0, weight.shape[0], _WO_ROWS_PER_BLOCK)]
+    blocks = [quantize(weight[start:start + rows_per_block]) for start in range(0, weight.shape[0], rows_per_block)]
     return tuple(torch.cat(parts) for parts in zip(*blocks))
 
 
@@ -275,7 +275,7 @@ class WeightOnlyLinear(torch.nn.Module):
         int32, 8 bytes per byte of codes: a whole 128,256-row lm_head would be a transient gigabyte; the tiles of a
         block of rows are those rows' tiles), and per group ``(s, (8 - z) s)`` in bfloat16: its kernel computes
         ``(q - 8) · s + offset``, which is ``(q - z) · s``."""
-        (tiles,) = _wo_by_rows(self.weight, lambda rows: (torch._convert_weight_to_int4pack_for_cpu(wo_unpack_int4(rows).to(torch.int32), 1),))
+        (tiles,) = wo_by_rows(self.weight, lambda rows: (torch._convert_weight_to_int4pack_for_cpu(wo_unpack_int4(rows).to(torch.int32), 1),))
         scale = self.weight_scale
         offset = (8 - self.zero_points().float()) * scale
         return tiles, torch.stack([scale.t(), offset.t()], dim=-1).to(torch.bfloat16).contiguous()
