@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,11 @@ from aot.models import forward_parameters, load_tokenizer
 from aot.recipe.plan import InputsPlan, ModelPlan
 from aot.recipe.schema import TensorSpec
 
+
+
+def text_lines(path: Path) -> list[str]:
+    """A recipe's text file (data, prompts, calibration texts): its lines that are not blank, one text each."""
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 @dataclass
 class ShapeCase:

@@ -23,7 +23,7 @@ from aot.build.report import BuildReport
 from aot.bundle import DEPLOYMENT_KEY, write_deployment_files
 from aot.cuda_graphs import cuda_graph_spec
 from aot.errors import ExportError
-from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
+from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases, text_lines
 from aot.models import load_model, load_tokenizer
 from aot.passes.base import CALIBRATION_KEY
 from aot.recipe.plan import BuildPlan, CalibrationPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
@@ -109,8 +109,7 @@ def transform(plan: PassesPlan, work: Work, report: BuildReport) -> None:
 def _calibration_inputs(plan: CalibrationPlan, step: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
     from aot.decoding.calibration import calibration_inputs
 
-    lines = [line for line in plan.texts_path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    made = calibration_inputs(step, lines, load_tokenizer(plan.tokenizer), plan.spec.max_tokens, plan.spec.max_texts)
+    made = calibration_inputs(step, text_lines(plan.texts_path), load_tokenizer(plan.tokenizer), plan.spec.max_tokens, plan.spec.max_texts)
     if not made:
         raise plan.locator.error(("generation", "calibration", "texts"), "no text of two tokens or more")
     log.info("calibration: %d texts, %d tokens", len(made), sum(inputs[next(iter(inputs))].numel() for inputs in made))

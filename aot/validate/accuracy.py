@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from aot.inputs import text_lines
 from aot.recipe.plan import GatePlan
 from aot.recipe.schema import AccuracySpec, DimSpec
 from aot.validate.outputs import flatten_outputs
@@ -88,7 +89,7 @@ def accuracy_data(plan: GatePlan | None, model: torch.nn.Module | None, tokenize
 def read_texts(plan: GatePlan) -> list[str]:
     """The texts of the gate's .txt or .jsonl data file."""
     spec, path = plan.spec, plan.data_path
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = text_lines(path)
     if path.suffix == ".txt":
         return lines
     texts = []

@@ -35,7 +35,7 @@ from aot.build.integrity import verify_directory
 from aot.build.manifest import MANIFEST_NAME
 from aot.build.stages import Progress, Stages
 from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
-from aot.inputs import ShapeCase, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
+from aot.inputs import ShapeCase, dim_ranges, dynamic_axes, onnx_input_names, shape_cases, text_lines
 from aot.models import forward_parameters, load_model
 from aot.process.memory import release_freed_memory
 from aot.recipe.load import LoadedRecipe, load_recipe
@@ -468,8 +468,7 @@ def fidelity_reference(plan: FidelityPlan | None) -> Callable[[torch.nn.Module],
     from aot.models import load_tokenizer
 
     fidelity = plan.spec
-    lines = [line for line in plan.prompts_path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    prompts = tokenized_prompts(lines, load_tokenizer(plan.tokenizer), fidelity.max_prompt_tokens)
+    prompts = tokenized_prompts(text_lines(plan.prompts_path), load_tokenizer(plan.tokenizer), fidelity.max_prompt_tokens)
     if not prompts:
         raise plan.locator.error(("generation", "fidelity", "prompts"), "no prompt of two tokens or more")
     thresholds = {metric: getattr(fidelity, key) for metric, (key, _) in METRICS.items() if getattr(fidelity, key) is not None}
