@@ -255,7 +255,7 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--threads", type=int, help="Intra-op threads for torch and ONNX Runtime (default: torch's).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=str), help="Also draw the speedups as a PNG chart.")
-@click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'int8' (ONNX Runtime's and torch.ao's dynamic int8 quantisation), 'all' (both, + torch.compile freezing); for a CUDA build 'cuda' (eager float16, torch.compile with and without CUDA graphs); peers' names, or a comma list of these.")
+@click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'int8' (ONNX Runtime's and torch.ao's dynamic int8 quantisation), 'all' (both, + torch.compile freezing); for a CUDA build 'cuda' (eager float16 and float32, the GraphModule without its CUDA graph buckets, torch.compile with and without CUDA graphs); peers' names, or a comma list of these.")
 @click.option("--gap-ms", default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")
 @click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
 @click.option("--new-tokens", default=32, show_default=True, help="A decoder build: tokens each timed generation makes (its dims: -s batch=1,2 -s prompt=32,128).")

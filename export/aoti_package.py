@@ -27,9 +27,9 @@ What the package is not (the manifest's ``aoti`` says the first two):
   GEMMs run 2.3x faster (README, "AOTInductor").
 
 It is loaded in a process of its own (:class:`AotiProcess`): loading it opens compiled code, and
-a crash there (seen with torch 2.11.0+cu130 on an H100 and an H200: a segmentation fault inside
-``aoti_load_package``'s ``_load_aoti``, on every BERT-base package)
-must fail the build with a message, not end it.
+a crash there must fail the build with a message, not end it. Seen with the GPU image's torch 2.11.0+cu130 on
+an H100 and an H200, on every CUDA package: a segmentation fault in the ``std::regex`` that torch's AOTI runtime
+header builds in ``AOTInductorModel``'s constructor (``benchmarks/aoti_load_probe.py`` found the frame).
 """
 
 from __future__ import annotations
@@ -177,7 +177,10 @@ class AotiProcess:
         code = self._child.wait()
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         self._stderr.seek(0)
-        said = _last_words(self._stderr.read().decode(errors="replace"))
+        stderr = self._stderr.read().decode(errors="replace")
+        said = _last_words(stderr)
+        # The error is one line; the child's own account (its Python stack, what torch wrote before it) goes to the log.
+        logger.warning("%s: the child's stderr ended with:\n%s", self.path.name, "\n".join(stderr.splitlines()[-60:]))
         return AotiCrash(f"{self.path.name}: the process that {'loads' if doing == 'load' else 'runs'} it died ({how}){said}")
 
 

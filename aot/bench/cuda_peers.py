@@ -2,6 +2,10 @@
 
 - ``eager_float16``: the eager model cast to float16 (its floating inputs too), the usual way to use
   a GPU's tensor cores without any tool; for a float16 recipe it is the eager runner again;
+- ``eager_float32``: the eager model in float32, what a model runs at when nobody picks a precision
+  (for a float32 recipe, the eager runner again);
+- ``graph_module_uncaptured``: the build's own saved GraphModule without its CUDA graph buckets
+  (``load(...).model``), so the bench shows what the buckets buy; for a build with buckets only;
 - ``torch_compile``: ``torch.compile`` in its default mode (Inductor's fused Triton kernels), compiled
   for each shape at its first call: the bench reports that call's time, compile included;
 - ``torch_compile_cuda_graphs``: ``torch.compile(mode="reduce-overhead")``, those kernels replayed
@@ -19,22 +23,25 @@ from typing import Any
 
 import torch
 
-CUDA_PEERS = ("eager_float16", "torch_compile", "torch_compile_cuda_graphs")
+CUDA_PEERS = ("eager_float16", "eager_float32", "graph_module_uncaptured", "torch_compile", "torch_compile_cuda_graphs")
+# Peers loaded from the build directory, not made from the eager model.
+BUILD_PEERS = ("graph_module_uncaptured",)
 
 Runner = Callable[[dict[str, torch.Tensor]], Any]
 
 
 def build_cuda_peer(peer: str, model: torch.nn.Module) -> Runner:
-    """A runner for ``peer`` (one of :data:`CUDA_PEERS`) over the eager model, on the model's CUDA device."""
+    """A runner for ``peer`` (one of :data:`CUDA_PEERS` but :data:`BUILD_PEERS`) over the eager model, on its CUDA device."""
     if next(model.parameters()).device.type != "cuda":
         raise RuntimeError(f"{peer} is a CUDA peer, and this model is on {next(model.parameters()).device}")
-    if peer == "eager_float16":
-        model = model.to(torch.float16)
-        return lambda inputs: model(**{name: _half(value) for name, value in inputs.items()})
+    if peer in ("eager_float16", "eager_float32"):
+        dtype = torch.float16 if peer == "eager_float16" else torch.float32
+        model = model.to(dtype)
+        return lambda inputs: model(**{name: _cast(value, dtype) for name, value in inputs.items()})
     mode = "reduce-overhead" if peer == "torch_compile_cuda_graphs" else "default"
     compiled = torch.compile(model, mode=mode, dynamic=False)
     return lambda inputs: compiled(**inputs)
 
 
-def _half(value: Any) -> Any:
-    return value.to(torch.float16) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value

@@ -183,7 +183,7 @@ def bench(
 
 def _check_peers_fit(plan: BuildPlan, peers: tuple[str, ...]) -> None:
     """A decoder build takes only the decoder peers, a CUDA build only the CUDA ones, and the others neither."""
-    from aot.bench.cuda_peers import CUDA_PEERS
+    from aot.bench.cuda_peers import BUILD_PEERS, CUDA_PEERS
     from aot.bench.decoder_peers import DECODER_PEERS
 
     device, decoder = plan.model.spec.device, plan.model.decoder_step
@@ -195,6 +195,8 @@ def _check_peers_fit(plan: BuildPlan, peers: tuple[str, ...]) -> None:
         if (peer in CUDA_PEERS) != on_cuda:
             where = f"a build on {device} takes only the CUDA peers" if on_cuda else "the CUDA peers are for a CUDA build"
             raise RecipeError(f"--peers {peer}: {where} ({', '.join(CUDA_PEERS)})")
+        if peer in BUILD_PEERS and not plan.export.graph_module.cuda_graphs:
+            raise RecipeError(f"--peers {peer}: this build's GraphModule has no CUDA graph buckets (export.graph_module.cuda_graphs)")
 
 
 def _peer_accuracy(hosts: dict[str, Any], peers: tuple[str, ...], report: BenchReport) -> None:

@@ -107,6 +107,7 @@ class RunnerHost:
 
     def _load(self) -> tuple[Any, list[dict[str, Any]]]:
         from aot import export
+        from aot.bench.cuda_peers import BUILD_PEERS
         from aot.bench.peers import build_peer
         from aot.inputs import dynamic_axes, make_inputs, texts_tokenizer
         from aot.models import load_model
@@ -119,7 +120,7 @@ class RunnerHost:
         if plan.model.decoder_step:
             self.generates = True
             return self._load_generation(plan, build, inputs_file)
-        needs_model = spec.runner not in ("graph_module", "onnx", "aoti")  # eager, and the peers built from it
+        needs_model = spec.runner not in ("graph_module", "onnx", "aoti", *BUILD_PEERS)  # eager, and the peers built from it
         if needs_model:
             model = load_model(plan.model, narrow_weights=False)  # the eager model as users run it
             if not inputs_file.exists():  # the eager host goes first and makes every shape's inputs
@@ -132,9 +133,11 @@ class RunnerHost:
         if spec.runner == "eager":
             extra = eager_extra_arguments(model, inputs[0])
             return (lambda given: model(**given, **extra)), inputs
-        if spec.runner == "graph_module":
+        if spec.runner in ("graph_module", "graph_module_uncaptured"):
             device = inputs[0][next(iter(inputs[0]))].device
             saved = export.load_standalone(build / "graph_module", spec.module_sha256).to(device)
+            if spec.runner == "graph_module_uncaptured":  # the model behind the CUDA graph buckets, called as it is
+                saved = saved.model
             return (lambda given: saved(**given)), inputs
         if spec.runner == "onnx":
             return _onnx_runner(build / "model.onnx", spec, inputs), inputs

@@ -21,6 +21,7 @@ from aot.export import AOTI_FILE, AotiCrash, AotiProcess
 from aot.recipe.load import load_recipe
 from aot.validate.artifacts import validate_directory
 from tests.conftest import TINY_BERT
+from tests.log_messages import messages_of
 
 RECIPE = TINY_BERT + """\
 export:
@@ -97,11 +98,13 @@ def test_validate_directory_checks_the_package_again(built: Path) -> None:
 
 
 def test_a_child_that_dies_is_reported_with_its_signal(built: Path) -> None:
-    with AotiProcess(built / AOTI_FILE) as package:
+    with AotiProcess(built / AOTI_FILE) as package, messages_of("aot.export.aoti_package") as messages:
         assert package.run(_inputs(1, 4))["last_hidden_state"].shape == (1, 4, 32)
         os.kill(package._child.pid, signal.SIGSEGV)
         with pytest.raises(AotiCrash, match=r"model.pt2: the process that runs it died \(signal SIGSEGV\)"):
             package.run(_inputs(1, 4))
+    logged = [message for message in messages if "the child's stderr ended with" in message]
+    assert logged and "Fatal Python error: Segmentation fault" in logged[0], "the child's own account is logged"
 
 
 def test_a_file_that_is_no_package_fails_to_load_naming_it(tmp_path: Path) -> None:
@@ -136,7 +139,7 @@ def test_cuda_peers_are_refused_for_a_cpu_build(built: Path) -> None:
     from aot.bench import bench
     from aot.bench.peers import peer_names
 
-    assert peer_names("cuda") == ("eager_float16", "torch_compile", "torch_compile_cuda_graphs")
+    assert "torch_compile" in peer_names("cuda")
     with pytest.raises(RecipeError, match="--peers torch_compile: the CUDA peers are for a CUDA build"):
         bench(built, runs=1, peers=("torch_compile",))
 
