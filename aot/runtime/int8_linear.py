@@ -35,7 +35,8 @@ On CPU, with float32 inputs and no gradient needed, ``per_tensor`` runs torch's 
 int8 GEMM with the activation quantised inside it, ``torch.ops.quantized.linear_dynamic``,
 on a weight prepacked once for the chosen ``engine`` (``"onednn"`` or ``"fbgemm"``;
 measured on an AMD EPYC with AVX-512 VNNI, oneDNN's was the faster at 128 and 1024
-rows); ``per_token`` quantises the rows with a few float ops and multiplies with
+rows), on CPUs whose uint8 x int8 sums are exact (VNNI on x86: see
+``_int8_u8s8_sums_exact``; without it the formula runs, at float speed); ``per_token`` quantises the rows with a few float ops and multiplies with
 ``torch._int_mm`` (int8 x int8 -> int32). Everywhere else, and whenever
 ``torch.compile``/``torch.export`` trace it, it computes the formula with float ops,
 which agrees with the kernels up to float rounding.
@@ -47,6 +48,7 @@ exist here only inside the prepack call, and if a future torch drops the int8 op
 the float formula is what runs.
 """
 
+import platform
 import threading
 import warnings
 import weakref
@@ -61,11 +63,30 @@ _INT8_TINY = 1e-30
 # Prepacking reads torch's process-wide quantized engine: switch, pack, restore under one lock, so
 # that threads packing layers at once neither pack for each other's engine nor leave theirs behind.
 _INT8_ENGINE_LOCK = threading.Lock()
+_INT8_U8S8_EXACT = None  # measured once: see _int8_u8s8_sums_exact
 
 
 def _int8_kernel_available(engine: str) -> bool:
     quantized = torch.backends.quantized
-    return engine in quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
+    return engine in quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic") and _int8_u8s8_sums_exact()
+
+
+def _int8_u8s8_sums_exact() -> bool:
+    """Whether this CPU's uint8 x int8 GEMMs (the ``per_tensor`` kernel's) sum their products exactly.
+
+    On x86 without VNNI, fbgemm and oneDNN multiply uint8 by int8 with ``VPMADDUBSW``, which adds each
+    pair of neighbouring products into a saturating int16: two products of 255 · 127 overflow it, so the
+    kernel no longer computes the formula (seen on an AMD EPYC with AVX2 only: outputs off by up to 0.58
+    on a 16-wide layer). VNNI's ``VPDPBUSD`` sums into int32. Elsewhere (ARM's dot products) nothing saturates.
+    """
+    global _INT8_U8S8_EXACT
+    if _INT8_U8S8_EXACT is None:
+        if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
+            capabilities = torch.cpu.get_capabilities()
+            _INT8_U8S8_EXACT = bool(capabilities.get("avx512_vnni") or capabilities.get("amx_int8"))
+        else:
+            _INT8_U8S8_EXACT = True
+    return _INT8_U8S8_EXACT
 
 
 def _int8_row_maxima(input: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,12 @@ from torch import nn
 
 from aot.passes import MergeLinears, QuantizeLinearInt8, registry
 from aot.runtime import Int8DynamicLinear
-from aot.runtime.int8_linear import _int8_fake_quantized_activation, _int8_per_token_activation, int8_quantize_weight
+from aot.runtime.int8_linear import (
+    _int8_fake_quantized_activation,
+    _int8_per_token_activation,
+    _int8_u8s8_sums_exact,
+    int8_quantize_weight,
+)
 from tests.passes.helpers import BERT_INPUT_NAMES, BERT_SHAPES, bert_inputs, call_targets, fx_graph, tiny_bert
 
 F = nn.functional
@@ -108,6 +113,8 @@ def test_the_int8_kernel_computes_the_documented_formula(activations, engine, sh
     linear = nn.Linear(16, 24)
     layer = Int8DynamicLinear.from_linear(linear, activations=activations, engine=engine).eval()
     x = torch.randn(*shape) * 3
+    if activations == "per_tensor" and not _int8_u8s8_sums_exact():
+        pytest.skip("per_tensor's uint8 x int8 kernels saturate on this CPU (no VNNI): the formula runs instead (tested below)")
     assert layer._use_kernel(x), "precondition: the int8 GEMM runs on this CPU"
     with torch.no_grad():
         kernel = layer(x)
@@ -116,6 +123,33 @@ def test_the_int8_kernel_computes_the_documented_formula(activations, engine, sh
     torch.testing.assert_close(kernel, formula, rtol=1e-4, atol=1e-4)
     assert (kernel - exact).abs().max() > 1e-4, "the int8 layer does round: this is not the float layer"
     assert F.cosine_similarity(kernel.flatten(), exact.flatten(), dim=0) > 0.999
+
+
+def _saturating_pairs() -> tuple[torch.Tensor, torch.Tensor]:
+    """A row whose uint8 codes are all 255 times int8 weights all 127: every neighbouring pair of products (64,770)
+    overflows an int16 (32,767), where VNNI's int32 sums hold it."""
+    x = torch.full((4, 64), 2.0)
+    x[:, 0] = -0.01  # the range holds zero: zero point 1, every other code 255
+    weight = torch.full((8, 64), 0.5)
+    return x, weight
+
+
+@pytest.mark.parametrize("engine", ["onednn", "fbgemm"])
+def test_the_per_tensor_kernel_runs_only_where_its_sums_are_exact(engine):
+    x, weight = _saturating_pairs()
+    linear = nn.Linear(64, 8, bias=False)
+    linear.weight.data.copy_(weight)
+    layer = Int8DynamicLinear.from_linear(linear, activations="per_tensor", engine=engine).eval()
+    assert engine in torch.backends.quantized.supported_engines, "precondition: the engine is built into this torch"
+    with torch.no_grad():
+        formula = F.linear(_int8_fake_quantized_activation(x), layer.dequantized_weight())
+        kernel = torch.ops.quantized.linear_dynamic(x, layer.packed_params(), False)
+        assert layer._use_kernel(x) == _int8_u8s8_sums_exact()
+        if _int8_u8s8_sums_exact():
+            torch.testing.assert_close(kernel, formula, rtol=1e-4, atol=1e-4)
+        else:  # the reason the kernel is not used here: it saturates
+            assert (kernel - formula).abs().max() > 1.0, "a CPU without VNNI whose kernel does not saturate: the check is wrong"
+        torch.testing.assert_close(layer(x), formula, rtol=1e-4, atol=1e-4)
 
 
 def test_the_formula_runs_where_the_kernel_does_not():
@@ -133,13 +167,15 @@ def test_the_prepacked_weight_is_derived_state():
     x = torch.randn(3, 16)
     with torch.no_grad():
         before = layer(x)
-    assert layer._packed is not None, "precondition: the call packed the weight"
+        layer.packed_params()  # what a call packs where the kernel runs (a CPU without VNNI runs the formula)
+    assert layer._packed is not None, "precondition: the weight is packed"
     assert set(layer.state_dict()) == {"weight", "weight_scale", "bias"}
     assert copy.deepcopy(layer)._packed is None and pickle.loads(pickle.dumps(layer))._packed is None
 
     state = {name: tensor.clone() for name, tensor in layer.state_dict().items()}
     state["weight"] = -state["weight"]
     layer.load_state_dict(state)
+    assert layer._packed is None, "a new weight drops the packed one"
     with torch.no_grad():
         torch.testing.assert_close(layer(x), -before + 2 * layer.bias, rtol=1e-4, atol=1e-4)
 
