@@ -139,7 +139,8 @@ def test_narrow_weights_build_the_same_artifacts_with_a_half_size_embedding(tmp_
                        if "metrics" in check] for dtype, output in outputs.items()}
     assert metrics[None] and len(metrics[None]) == len(metrics["bfloat16"])
     for wide_scores, narrow_scores in zip(metrics[None], metrics["bfloat16"]):  # run on other threads: the last bits may move
-        assert narrow_scores == pytest.approx(wide_scores, rel=1e-5), "the same reference, the same artifacts' scores"
+        # rel alone fails a KL mean of 3e-4 that moved by 4e-9 nats (AVX2 EPYC): float32 sums' order, far below any gate
+        assert narrow_scores == pytest.approx(wide_scores, rel=1e-5, abs=1e-7), "the same reference, the same artifacts' scores"
 
 
 def _on_the_export_frontend(recipe: dict) -> None:

@@ -16,6 +16,7 @@ import torch
 from aot.build.spine import build
 from aot.export.graph_module_artifact import load_standalone
 from tests.decoding.plain_loop import plain_onnx_runtime_greedy
+from tests.ort_int8 import ort_u8s8_sums_exact
 
 pytestmark = pytest.mark.slow
 
@@ -147,7 +148,8 @@ def test_a_decoder_built_with_int8_prompts_branches_and_passes_its_gate(tmp_path
         newest = [(got[..., -length:, :], want[..., -length:, :].numpy()) for got, want in zip(onnx_outputs[1:], outputs[1:])]
         difference = max(np.abs(got - want).max() / np.abs(want).max() for got, want in newest)
         if length == 12:
-            assert difference < 1e-4, f"a prompt's cached keys and values differ by {difference:.2e} of their scale"
+            if ort_u8s8_sums_exact():  # elsewhere ONNX Runtime's uint8 GEMM saturates (tests/ort_int8.py); the gate held above
+                assert difference < 1e-4, f"a prompt's cached keys and values differ by {difference:.2e} of their scale"
         else:
             assert difference > 1e-4, "a step runs MatMulNBits in ONNX Runtime and torch's int4 kernel in module.py"
         past = outputs[1:]
