@@ -48,6 +48,7 @@ exist here only inside the prepack call, and if a future torch drops the int8 op
 the float formula is what runs.
 """
 
+import functools
 import platform
 import threading
 import warnings
@@ -63,7 +64,6 @@ _INT8_TINY = 1e-30
 # Prepacking reads torch's process-wide quantized engine: switch, pack, restore under one lock, so
 # that threads packing layers at once neither pack for each other's engine nor leave theirs behind.
 _INT8_ENGINE_LOCK = threading.Lock()
-_INT8_U8S8_EXACT = None  # measured once: see _int8_u8s8_sums_exact
 
 
 def _int8_kernel_available(engine: str) -> bool:
@@ -71,6 +71,7 @@ def _int8_kernel_available(engine: str) -> bool:
     return engine in quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic") and _int8_u8s8_sums_exact()
 
 
+@functools.cache  # the CPU does not change under a process
 def _int8_u8s8_sums_exact() -> bool:
     """Whether this CPU's uint8 x int8 GEMMs (the ``per_tensor`` kernel's) sum their products exactly.
 
@@ -79,14 +80,10 @@ def _int8_u8s8_sums_exact() -> bool:
     kernel no longer computes the formula (seen on an AMD EPYC with AVX2 only: outputs off by up to 0.58
     on a 16-wide layer). VNNI's ``VPDPBUSD`` sums into int32. Elsewhere (ARM's dot products) nothing saturates.
     """
-    global _INT8_U8S8_EXACT
-    if _INT8_U8S8_EXACT is None:
-        if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
-            capabilities = torch.cpu.get_capabilities()
-            _INT8_U8S8_EXACT = bool(capabilities.get("avx512_vnni") or capabilities.get("amx_int8"))
-        else:
-            _INT8_U8S8_EXACT = True
-    return _INT8_U8S8_EXACT
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return True
+    capabilities = torch.cpu.get_capabilities()
+    return bool(capabilities.get("avx512_vnni") or capabilities.get("amx_int8"))
 
 
 def _int8_row_maxima(input: torch.Tensor) -> torch.Tensor:

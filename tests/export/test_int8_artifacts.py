@@ -16,7 +16,7 @@ from aot.export.graph_module_artifact import load_standalone
 from aot.passes import MergeLinears, QuantizeLinearInt8
 from aot.runtime import Int8DynamicLinear
 from aot.validate.outputs import flatten_outputs
-from tests.ort_int8 import ort_u8s8_sums_exact
+from tests.ort_int8 import skip_unless_ort_u8s8_sums_exact
 
 from . import models
 from .as_built import write_as_built
@@ -83,8 +83,7 @@ def test_the_onnx_model_quantises_like_the_graph_and_ort_runs_int8_kernels(int8_
     int8_kernel = "DynamicQuantizeMatMul" if per_tensor else "MatMulInteger"  # one scale a row: no fused kernel takes it
     assert as_loaded[int8_kernel] == len(layers), as_loaded
 
-    if not ort_u8s8_sums_exact():
-        pytest.skip("ONNX Runtime's uint8 x int8 GEMM saturates on this CPU (no VNNI): see tests/ort_int8.py")
+    skip_unless_ort_u8s8_sums_exact()
     for shape in models.TEXT_SHAPES:
         inputs = models.text_inputs(*shape)
         want = _outputs(graph_module, inputs)

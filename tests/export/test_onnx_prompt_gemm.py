@@ -15,7 +15,7 @@ from aot.export.onnx_prompt_gemm import PROMPT_ROWS
 from aot.passes import QuantizeLinearWeights
 from aot.recipe.schema import OnnxSpec
 from aot.runtime import WeightOnlyLinear
-from tests.ort_int8 import DEPTH, EXACT, SATURATED, ort_u8s8_sums_exact, saturating_product
+from tests.ort_int8 import DEPTH, EXACT, SATURATED, ort_u8s8_sums_exact, saturating_product, skip_unless_ort_u8s8_sums_exact
 from tests.passes.helpers import fx_graph
 
 from .as_built import write_as_built
@@ -109,8 +109,7 @@ def test_onnx_runtime_computes_what_the_graph_module_computes_on_either_side_of_
     scale = np.abs(want).max()
     assert scale > 0.1, "precondition: outputs far from zero"
     if rows > PROMPT_ROWS:
-        if not ort_u8s8_sums_exact():
-            pytest.skip("ONNX Runtime's uint8 x int8 GEMM saturates on this CPU (no VNNI): see tests/ort_int8.py")
+        skip_unless_ort_u8s8_sums_exact()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
     else:
         error = np.abs(got - want).max() / scale
@@ -152,8 +151,7 @@ def test_a_layer_that_sees_one_position_a_sequence_stores_no_int8_weights(tmp_pa
     assert [node.op_type for node in model.graph.node if node.op_type in ("If", "MatMulNBits")] == ["If", "MatMulNBits"]
     stored = {tensor.name for tensor in model.graph.initializer}
     assert "body.weight_int8" in stored and "lm_head.weight_int8" not in stored
-    if not ort_u8s8_sums_exact():
-        pytest.skip("ONNX Runtime's uint8 x int8 GEMM saturates on this CPU (no VNNI): see tests/ort_int8.py")
+    skip_unless_ort_u8s8_sums_exact()
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     x = torch.randn(1, 12, 64)
     with torch.no_grad():
