@@ -2,7 +2,7 @@
 
 ONNX Runtime's MLAS, like fbgemm and oneDNN, multiplies uint8 by int8 on x86 without VNNI with ``VPMADDUBSW``,
 which adds each neighbouring pair of products into a saturating int16 (see ``aot.runtime.int8_linear``'s
-``_int8_u8s8_sums_exact``). The int8 ONNX models feed ``MatMulInteger`` uint8 codes, so they compute the
+``_int8_vnni``). The int8 ONNX models feed ``MatMulInteger`` uint8 codes, so they compute the
 documented formula exactly only where this holds; elsewhere the build's own validation and gates measure them.
 """
 

@@ -36,8 +36,9 @@ int8 GEMM with the activation quantised inside it, ``torch.ops.quantized.linear_
 on a weight prepacked once for the chosen ``engine`` (``"onednn"`` or ``"fbgemm"``;
 measured on an AMD EPYC with AVX-512 VNNI, oneDNN's was the faster at 128 and 1024
 rows), on CPUs whose uint8 x int8 sums are exact (VNNI on x86: see
-``_int8_u8s8_sums_exact``; without it the formula runs, at float speed); ``per_token`` quantises the rows with a few float ops and multiplies with
-``torch._int_mm`` (int8 x int8 -> int32). Everywhere else, and whenever
+``_int8_vnni``; without it the formula runs, at float speed); ``per_token`` quantises the rows with a few float ops
+and multiplies with ``torch._int_mm`` (int8 x int8 -> int32), or where that is slow (x86 without VNNI) with float32
+GEMMs whose int32 sums are the same, exactly (``_int8_sums``). Everywhere else, and whenever
 ``torch.compile``/``torch.export`` trace it, it computes the formula with float ops,
 which agrees with the kernels up to float rounding.
 
@@ -61,6 +62,8 @@ _INT8_ENGINES = ("onednn", "fbgemm")
 _INT8_ACTIVATIONS = ("per_tensor", "per_token")
 _INT8_QMAX = 127
 _INT8_TINY = 1e-30
+_INT8_EXACT_DEPTH = 1040  # 1040 · 127² < 2^24: float32 sums that many int8 products exactly (see _int8_sums)
+_INT8_FLOAT_GEMM_ROWS = 4  # fewer rows than this run torch._int_mm even without int8 dot products (_int8_sums)
 # Prepacking reads torch's process-wide quantized engine: switch, pack, restore under one lock, so
 # that threads packing layers at once neither pack for each other's engine nor leave theirs behind.
 _INT8_ENGINE_LOCK = threading.Lock()
@@ -68,22 +71,48 @@ _INT8_ENGINE_LOCK = threading.Lock()
 
 def _int8_kernel_available(engine: str) -> bool:
     quantized = torch.backends.quantized
-    return engine in quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic") and _int8_u8s8_sums_exact()
+    return engine in quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic") and _int8_vnni()
 
 
 @functools.cache  # the CPU does not change under a process
-def _int8_u8s8_sums_exact() -> bool:
-    """Whether this CPU's uint8 x int8 GEMMs (the ``per_tensor`` kernel's) sum their products exactly.
+def _int8_vnni() -> bool:
+    """Whether this CPU multiplies int8 by dot products that sum into int32: x86's VNNI (``VPDPBUSD``) or AMX.
 
-    On x86 without VNNI, fbgemm and oneDNN multiply uint8 by int8 with ``VPMADDUBSW``, which adds each
-    pair of neighbouring products into a saturating int16: two products of 255 · 127 overflow it, so the
-    kernel no longer computes the formula (seen on an AMD EPYC with AVX2 only: outputs off by up to 0.58
-    on a 16-wide layer). VNNI's ``VPDPBUSD`` sums into int32. Elsewhere (ARM's dot products) nothing saturates.
+    Without them (x86 with AVX2 only, or AVX-512 without VNNI) two int8 kernels fail the formula:
+
+    - fbgemm and oneDNN multiply uint8 by int8 (the ``per_tensor`` kernel) with ``VPMADDUBSW``, which adds each
+      pair of neighbouring products into a saturating int16: two products of 255 · 127 overflow it (seen on an
+      AMD EPYC with AVX2 only: outputs off by up to 0.58 on a 16-wide layer);
+    - ``torch._int_mm`` stays exact but runs a loop without them, its time growing with the rows: on that EPYC,
+      2 threads, 128 x 384 by 384 x 1536 took 36.9 ms against 1.3 ms for float32 ``F.linear`` (see ``_int8_sums``).
+
+    Elsewhere (ARM's dot products) nothing saturates, and ``_int_mm`` is taken as it comes.
     """
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
         return True
     capabilities = torch.cpu.get_capabilities()
     return bool(capabilities.get("avx512_vnni") or capabilities.get("amx_int8"))
+
+
+def _int8_sums(quantized: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``quantized @ weight^T`` for int8 ``(rows, in)`` and ``(out, in)``, summed exactly, as int32 ``(rows, out)``.
+
+    ``torch._int_mm`` where the CPU has int8 dot products (``_int8_vnni``) or for a few rows. Without them,
+    float32 GEMMs over blocks of ``_INT8_EXACT_DEPTH`` inputs: each product of two int8 codes is at most
+    127² = 16,129 in magnitude, so every partial sum of a block stays below 2^24, where float32 holds integers
+    exactly, whatever order the GEMM adds in; the blocks' sums are added in int32. The result is ``_int_mm``'s,
+    bit for bit. Measured on a 2-core AMD EPYC with AVX2 only, 2 threads: 128 x 384 by 384 x 1536, 1.56 ms against
+    ``_int_mm``'s 36.9; 512 x 768 by 768 x 3072, 22.9 against 572 ms; for 1 and 2 rows of 2048 x 8192 ``_int_mm`` is
+    as fast or faster (9.7 and 16.4 ms against 38 and 17.5: the float copy of the codes costs more than the loop).
+    """
+    if _int8_vnni() or quantized.shape[0] < _INT8_FLOAT_GEMM_ROWS:
+        return torch._int_mm(quantized, weight.t())
+    sums = None
+    for start in range(0, weight.shape[1], _INT8_EXACT_DEPTH):
+        block = slice(start, start + _INT8_EXACT_DEPTH)
+        part = torch.mm(quantized[:, block].float(), weight[:, block].float().t()).to(torch.int32)
+        sums = part if sums is None else sums.add_(part)
+    return sums
 
 
 def _int8_row_maxima(input: torch.Tensor) -> torch.Tensor:
@@ -180,11 +209,11 @@ class Int8DynamicLinear(torch.nn.Module):
 
     def _per_token_kernel(self, input: torch.Tensor) -> torch.Tensor:
         # Five passes over the activations and two over the output, the fewest measured (a fused
-        # quantize_per_channel or a single-pass inf-norm were slower); the GEMM is torch._int_mm.
+        # quantize_per_channel or a single-pass inf-norm were slower); the GEMM is torch._int_mm's (_int8_sums).
         rows = input.reshape(-1, self.in_features)
         largest = _int8_row_maxima(rows)
         quantized = (rows * (_INT8_QMAX / largest)).round_().to(torch.int8)  # |x| <= largest: within [-127, 127]
-        output = torch._int_mm(quantized, self.weight.t()) * (largest / _INT8_QMAX)
+        output = _int8_sums(quantized, self.weight) * (largest / _INT8_QMAX)
         if self.bias is None:
             output.mul_(self.weight_scale)
         else:

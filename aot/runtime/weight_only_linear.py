@@ -64,6 +64,8 @@ dtypes, with gradients, and whenever ``torch.compile``/``torch.export`` trace it
 computes the float formula: dequantize, then ``F.linear``.
 """
 
+import functools
+import platform
 import weakref
 
 import torch
@@ -76,10 +78,37 @@ _WO_TINY = 1e-30
 _WO_ROWS_PER_BLOCK = 1024  # rows quantised, re-gridded or tiled at once (a multiple of the int4 tiles' 64 rows)
 _WO_INT4_KERNEL_ROWS = 8  # calls with at most this many rows run torch's int4 kernel; see the module doc
 _WO_INT4_TILE_ROWS = 16  # _convert_weight_to_int4pack_for_cpu needs a multiple of 16 output rows
+_WO_EXACT_DEPTH = 1040  # 1040 · 127² < 2^24: float32 sums that many int8 products exactly (see _wo_int8_sums)
+_WO_FLOAT_GEMM_ROWS = 4  # fewer rows than this run torch._int_mm even without int8 dot products (_wo_int8_sums)
 
 
-# wo_quantize_int8 and forward's int8 path are int8_linear.py's per-channel weights and per-token kernel again, on
-# purpose: each aot.runtime module is pasted alone into a module.py, so none may import another.
+# wo_quantize_int8, _wo_vnni, _wo_int8_sums and forward's int8 path are int8_linear.py's per-channel weights,
+# _int8_vnni, _int8_sums and per-token kernel again, on purpose: each aot.runtime module is pasted alone into a
+# module.py, so none may import another.
+@functools.cache  # the CPU does not change under a process
+def _wo_vnni() -> bool:
+    """Whether this CPU has int8 dot products summing into int32 (x86's VNNI or AMX; any non-x86 CPU counts):
+    without them ``torch._int_mm`` runs a slow loop (int8_linear.py's ``_int8_vnni`` gives the figures)."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return True
+    capabilities = torch.cpu.get_capabilities()
+    return bool(capabilities.get("avx512_vnni") or capabilities.get("amx_int8"))
+
+
+def _wo_int8_sums(quantized: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """``quantized @ codes^T`` summed exactly in int32: ``torch._int_mm``, or without int8 dot products and for
+    ``_WO_FLOAT_GEMM_ROWS`` rows or more, float32 GEMMs over blocks of ``_WO_EXACT_DEPTH`` inputs, within which
+    float32 holds every partial sum exactly; bit for bit ``_int_mm``'s (int8_linear.py's ``_int8_sums``)."""
+    if _wo_vnni() or quantized.shape[0] < _WO_FLOAT_GEMM_ROWS:
+        return torch._int_mm(quantized, codes.t())
+    sums = None
+    for start in range(0, codes.shape[1], _WO_EXACT_DEPTH):
+        block = slice(start, start + _WO_EXACT_DEPTH)
+        part = torch.mm(quantized[:, block].float(), codes[:, block].float().t()).to(torch.int32)
+        sums = part if sums is None else sums.add_(part)
+    return sums
+
+
 def wo_quantize_int8(weight: torch.Tensor):
     """``(q, s)``: symmetric int8 codes ``(out, in)`` and float32 scales ``(out,)``, per output channel."""
     return wo_by_rows(weight, _wo_quantize_int8_rows)
@@ -228,7 +257,7 @@ class WeightOnlyLinear(torch.nn.Module):
         largest = rows.abs().amax(dim=-1, keepdim=True).clamp_(min=_WO_TINY)
         quantized = (rows * (127 / largest)).round_().to(torch.int8)  # |x| <= largest: within [-127, 127]
         codes, scale = self.derived_weight()
-        output = torch._int_mm(quantized, codes.t()) * (largest / 127)
+        output = _wo_int8_sums(quantized, codes) * (largest / 127)
         if self.bias is None:
             output.mul_(scale)
         else:

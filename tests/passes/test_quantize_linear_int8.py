@@ -15,7 +15,7 @@ from aot.runtime import Int8DynamicLinear
 from aot.runtime.int8_linear import (
     _int8_fake_quantized_activation,
     _int8_per_token_activation,
-    _int8_u8s8_sums_exact,
+    _int8_vnni,
     int8_quantize_weight,
 )
 from tests.passes.helpers import BERT_INPUT_NAMES, BERT_SHAPES, bert_inputs, call_targets, fx_graph, tiny_bert
@@ -113,7 +113,7 @@ def test_the_int8_kernel_computes_the_documented_formula(activations, engine, sh
     linear = nn.Linear(16, 24)
     layer = Int8DynamicLinear.from_linear(linear, activations=activations, engine=engine).eval()
     x = torch.randn(*shape) * 3
-    if activations == "per_tensor" and not _int8_u8s8_sums_exact():
+    if activations == "per_tensor" and not _int8_vnni():
         pytest.skip("per_tensor's uint8 x int8 kernels saturate on this CPU (no VNNI): the formula runs instead (tested below)")
     assert layer._use_kernel(x), "precondition: the int8 GEMM runs on this CPU"
     with torch.no_grad():
@@ -144,8 +144,8 @@ def test_the_per_tensor_kernel_runs_only_where_its_sums_are_exact(engine):
     with torch.no_grad():
         formula = F.linear(_int8_fake_quantized_activation(x), layer.dequantized_weight())
         kernel = torch.ops.quantized.linear_dynamic(x, layer.packed_params(), False)
-        assert layer._use_kernel(x) == _int8_u8s8_sums_exact()
-        if _int8_u8s8_sums_exact():
+        assert layer._use_kernel(x) == _int8_vnni()
+        if _int8_vnni():
             torch.testing.assert_close(kernel, formula, rtol=1e-4, atol=1e-4)
         else:  # the reason the kernel is not used here: it saturates
             assert (kernel - formula).abs().max() > 1.0, "a CPU without VNNI whose kernel does not saturate: the check is wrong"
