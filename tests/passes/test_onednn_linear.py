@@ -57,6 +57,34 @@ def test_bfloat16():
     assert layer._packed is not None
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_bfloat16_without_onednn_kernels_runs_float32s_gemm_on_the_same_values(monkeypatch, activation, bias):
+    monkeypatch.setattr(onednn_linear, "_onednn_bfloat16_kernels", lambda: False)  # as on a CPU with AVX2 alone
+    torch.manual_seed(0)
+    layer = OneDNNLinear(300, 40, bias=bias, activation=activation).to(torch.bfloat16)
+    gemms = []
+    linear = F.linear
+    monkeypatch.setattr(onednn_linear.F, "linear", lambda x, w, b=None: gemms.append((x.dtype, w.dtype)) or linear(x, w, b))
+    for shape in [(300,), (3, 300), (2, 5, 300)]:
+        x = torch.randn(*shape, dtype=torch.bfloat16)
+        with torch.no_grad():
+            got = layer(x)
+            # the same sums in float32, rounded once to bfloat16, then the activation in bfloat16
+            exact_sums = linear(x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double())
+            want = ACTIVATIONS[activation](exact_sums.to(torch.bfloat16))
+        assert got.dtype == torch.bfloat16 and got.shape == (*shape[:-1], 40)
+        assert gemms[-1] == (torch.float32, torch.float32), "the layer ran float32's GEMM"
+        # float32 sums of exact products differ from the exact sum by float32 rounding alone: at most one bfloat16 step
+        steps = (got.float() - want.float()).abs() / want.float().abs().clamp(min=1e-3) * 2**7
+        assert steps.max() <= 1.01, steps.max()
+        assert (got == want).float().mean() > 0.95
+    with torch.enable_grad():
+        assert layer(torch.randn(2, 300, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert gemms[-1] == (torch.bfloat16, torch.bfloat16), "with gradients wanted, F.linear in bfloat16 as before"
+    assert layer._packed is None, "nothing was packed: the weight stays bfloat16"
+
+
 def test_the_constructor_takes_plain_literals_and_state_dict_holds_plain_tensors():
     layer = OneDNNLinear(768, 3072, bias=True, activation="gelu", batch_size_hint=128)
     layer(torch.randn(2, 768))  # packs, when oneDNN is there
