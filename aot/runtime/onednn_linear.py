@@ -131,13 +131,14 @@ class OneDNNLinear(torch.nn.Module):
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self._use_onednn(input):
-            post_op, algorithm = _ONEDNN_POST_OPS[self.activation]
-            return torch.ops.mkldnn._linear_pointwise(input, self.packed_weight(), self.bias, post_op, [], algorithm)
-        if self._bfloat16_without_onednn(input):
-            bias = None if self.bias is None else self.bias.float()
-            output = F.linear(input.float(), self.weight.float(), bias).to(torch.bfloat16)
-            return _onednn_activate(output, self.activation)
+        if self._kernel_may_run(input):
+            if self._packable():
+                post_op, algorithm = _ONEDNN_POST_OPS[self.activation]
+                return torch.ops.mkldnn._linear_pointwise(input, self.packed_weight(), self.bias, post_op, [], algorithm)
+            if self._bfloat16_without_onednn():
+                bias = None if self.bias is None else self.bias.float()
+                output = F.linear(input.float(), self.weight.float(), bias).to(torch.bfloat16)
+                return _onednn_activate(output, self.activation)
         return _onednn_activate(F.linear(input, self.weight, self.bias), self.activation)
 
     # -- the packed weight ------------------------------------------------------------------
@@ -158,18 +159,13 @@ class OneDNNLinear(torch.nn.Module):
         return (cached is not None and cached[0]() is weight and cached[1] == weight.data_ptr()
                 and cached[2] == _onednn_version(weight))
 
-    def _use_onednn(self, input: torch.Tensor) -> bool:
-        return self._kernel_may_run(input) and self._packable()
-
-    def _bfloat16_without_onednn(self, input: torch.Tensor) -> bool:
+    def _bfloat16_without_onednn(self) -> bool:
         """A bfloat16 layer on a CPU where oneDNN has no bfloat16 kernel: float32's GEMM computes it (module doc)."""
-        weight, bias = self.weight, self.bias
-        return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and (bias is None or bias.dtype == weight.dtype)
-                and not _onednn_bfloat16_kernels() and self._kernel_may_run(input))
+        return self.weight.dtype == torch.bfloat16 and self._on_cpu_with_its_bias() and not _onednn_bfloat16_kernels()
 
     def _kernel_may_run(self, input: torch.Tensor) -> bool:
         """Whether a kernel other than ``F.linear`` may compute this call: a CPU tensor of the weight's dtype, not
-        traced, no gradient wanted."""
+        traced, no gradient wanted (what the weight allows is ``_packable``'s and ``_bfloat16_without_onednn``'s)."""
         weight, bias = self.weight, self.bias
         if not isinstance(input, torch.Tensor) or input.device.type != "cpu":
             return False  # also a torch.fx Proxy: tracing sees F.linear + activation
@@ -181,9 +177,13 @@ class OneDNNLinear(torch.nn.Module):
             return False  # the oneDNN op has no backward
         return True
 
-    def _packable(self) -> bool:
+    def _on_cpu_with_its_bias(self) -> bool:
         weight, bias = self.weight, self.bias
-        if weight.device.type != "cpu" or (bias is not None and bias.dtype != weight.dtype):
+        return weight.device.type == "cpu" and (bias is None or bias.dtype == weight.dtype)
+
+    def _packable(self) -> bool:
+        weight = self.weight
+        if not self._on_cpu_with_its_bias():
             return False
         if weight.dtype == torch.bfloat16:
             return _onednn_available() and _onednn_bfloat16_kernels()
