@@ -14,6 +14,14 @@ with ``W ≈ (B - zero_point) · scale`` block by block along ``K``:
   bytes: the module stores them in this layout), ``scales`` its ``weight_scale`` flattened,
   ``zero_points`` its ``weight_zero`` two a byte, each row padded to whole bytes (absent when
   symmetric: ``MatMulNBits``'s default zero point is 8);
+- int4 with float zero points (``zero_point="float"``): ``MatMulNBits`` runs such zero points by
+  dequantizing the whole weight at every call (on a 2-core AMD EPYC, ONNX Runtime 1.32, one row by
+  2048 x 8192: 104-131 ms against 1.1-4.4 ms with uint8 zero points). So the layer runs with the default zero point 8 and each
+  group's offset ``o = (8 - z) · s`` is added as a product of the input's group sums::
+
+      y = MatMulNBits(x, B, scales) + ReduceSum(x as (..., K / block, block), -1) @ O     O: (K / block, N) float32
+
+  which is ``x ((q - z) s)^T`` exactly, since ``(q - z) s = (q - 8) s + o``; ``O`` is as many bytes as the scales;
 - int8 (per output channel): ``B`` is ``q + 128`` as uint8 in blocks of the largest of 256,
   128, 64, 32, 16 that divides ``K``, each row's one scale repeated over its blocks (the default
   zero point, 128, undoes the shift). Exactly the module's ``q · s``.
@@ -25,7 +33,8 @@ holds each artifact to the float model on its own.
 
 With ``int8_prompts`` (the recipe's ``export.onnx.int4_prompts: int8_gemm``), an int4 layer at
 ``accuracy_level`` 4 becomes an If between ``MatMulNBits`` for a decode step and ONNX Runtime's int8
-GEMM for a prompt (:mod:`aot.export.onnx_prompt_gemm`).
+GEMM for a prompt (:mod:`aot.export.onnx_prompt_gemm`); a layer with float zero points stays one
+``MatMulNBits`` and its offsets' product for every call.
 """
 
 from __future__ import annotations
@@ -49,10 +58,11 @@ _CONTRIB = "com.microsoft"
 
 @torch.library.custom_op("aot::weight_only_linear", mutates_args=())
 def weight_only_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
-                       bias: torch.Tensor | None, in_features: int, out_features: int, bits: int, block_size: int,
-                       accuracy_level: int, int8_prompts: int) -> torch.Tensor:
-    """``MatMulNBits``'s meaning in torch (``accuracy_level`` and ``int8_prompts`` aside): what the exporter sees and
-    translates. ``int8_prompts``: -1, or the layer's index in the translation's int8-prompt layers."""
+                       group_offsets: torch.Tensor | None, bias: torch.Tensor | None, in_features: int, out_features: int,
+                       bits: int, block_size: int, accuracy_level: int, int8_prompts: int) -> torch.Tensor:
+    """``MatMulNBits``'s meaning in torch (``accuracy_level`` and ``int8_prompts`` aside), plus ``group_offsets``
+    ``(K / block, N)`` added to each group's weights: what the exporter sees and translates. ``int8_prompts``: -1, or
+    the layer's index in the translation's int8-prompt layers."""
     blocks = in_features // block_size
     if bits == 4:
         codes = wo_unpack_int4(weight.reshape(out_features, -1)).float().reshape(out_features, blocks, block_size)
@@ -60,12 +70,16 @@ def weight_only_linear(input: torch.Tensor, weight: torch.Tensor, scales: torch.
     else:
         codes = weight.float()
         zero = torch.full((out_features, blocks), 128.0)
-    dequantized = ((codes - zero[..., None]) * scales.reshape(out_features, blocks, 1)).reshape(out_features, in_features)
+    dequantized = (codes - zero[..., None]) * scales.reshape(out_features, blocks, 1)
+    if group_offsets is not None:
+        dequantized = dequantized + group_offsets.t()[..., None]
+    dequantized = dequantized.reshape(out_features, in_features)
     return torch.nn.functional.linear(input, dequantized.to(input.dtype), None if bias is None else bias.to(input.dtype))
 
 
 @weight_only_linear.register_fake
-def _(input, weight, scales, zero_points, bias, in_features, out_features, bits, block_size, accuracy_level, int8_prompts):
+def _(input, weight, scales, zero_points, group_offsets, bias, in_features, out_features, bits, block_size, accuracy_level,
+      int8_prompts):
     return input.new_empty((*input.shape[:-1], out_features))
 
 
@@ -73,8 +87,8 @@ def _translation(int8_layers: list[tuple[str, WeightOnlyLinear]]):
     """The exporter's translation of ``aot::weight_only_linear``; ``int8_layers``: ``(path, layer)`` of the layers whose
     prompts run the int8 GEMM (:mod:`aot.export.onnx_prompt_gemm`), as the op's ``int8_prompts`` indexes them."""
 
-    def onnx_weight_only_linear(input, weight, scales, zero_points=None, bias=None, in_features=0, out_features=0,
-                                bits=4, block_size=32, accuracy_level=0, int8_prompts=-1):
+    def onnx_weight_only_linear(input, weight, scales, zero_points=None, group_offsets=None, bias=None, in_features=0,
+                                out_features=0, bits=4, block_size=32, accuracy_level=0, int8_prompts=-1):
         from onnxscript import opset18 as op
         from onnxscript.values import Op, Opset
 
@@ -82,6 +96,10 @@ def _translation(int8_layers: list[tuple[str, WeightOnlyLinear]]):
         attributes = dict(K=in_features, N=out_features, bits=bits, block_size=block_size, accuracy_level=accuracy_level)
         if int8_prompts < 0:
             output = Op(Opset(_CONTRIB, 1), "MatMulNBits", _matmul_nbits_schema())(*inputs, **attributes)
+            if group_offsets is not None:  # Σ_g (Σ_{k in g} x_k) o_gn: the module doc's float zero points
+                groups = op.Concat(op.Shape(input, end=-1), op.Constant(value_ints=[in_features // block_size, block_size]), axis=0)
+                sums = op.ReduceSum(op.Reshape(input, groups), op.Constant(value_ints=[-1]), keepdims=0)
+                output = op.Add(output, op.MatMul(sums, group_offsets))
             return output if bias is None else op.Add(output, bias)
         name, layer = int8_layers[int8_prompts]
         weight8, scale8 = int8_prompt_tensors(layer, name)
@@ -140,7 +158,9 @@ def onnx_tensors(layer: WeightOnlyLinear) -> tuple[int, dict[str, torch.Tensor]]
         tensors = {"weight": layer.weight.reshape(out_features, in_features // block, block // 2),
                    "weight_scale": layer.weight_scale.reshape(-1)}
         zero = getattr(layer, "weight_zero", None)
-        if zero is not None:  # two a byte, each row padded to whole bytes
+        if zero is not None and layer.zero_point == "float":  # the default zero point 8, and each group's offset
+            tensors["weight_offset"] = ((8 - zero) * layer.weight_scale).t().contiguous()
+        elif zero is not None:  # two a byte, each row padded to whole bytes
             tensors["weight_zero"] = wo_pack_int4(torch.nn.functional.pad(zero, (0, zero.shape[1] % 2), value=0)).reshape(-1)
     else:
         block = next((size for size in _INT8_BLOCKS if in_features % size == 0), None)
@@ -177,14 +197,15 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule, int8_prompts: bool = Fal
             continue
         if str(node.target) not in lowered_layers:  # a layer called at several sites: its tensors made once
             lowered_layers[str(node.target)] = onnx_tensors(layer)
-            if int8_prompts and layer.bits == 4 and layer.activations == "int8" and _sees_prompts(graph, str(node.target)):
+            if (int8_prompts and layer.bits == 4 and layer.activations == "int8" and layer.zero_point == "integer"
+                    and _sees_prompts(graph, str(node.target))):  # float zero points: their offsets on every call
                 int8_layers[str(node.target)] = len(int8_layers)
         block, tensors = lowered_layers[str(node.target)]
         with graph.inserting_before(node):
             got = {name: graph.get_attr(f"{node.target}.{name}") for name in tensors}
             call = graph.call_function(torch.ops.aot.weight_only_linear.default, (
                 node.args[0] if node.args else node.kwargs["input"], got["weight"], got["weight_scale"],
-                got.get("weight_zero"), got.get("bias"), layer.in_features, layer.out_features, layer.bits, block,
+                got.get("weight_zero"), got.get("weight_offset"), got.get("bias"), layer.in_features, layer.out_features, layer.bits, block,
                 _ACCURACY_LEVELS[layer.activations], int8_layers.get(str(node.target), -1),
             ))
         call.meta.update(node.meta)

@@ -43,7 +43,7 @@ ROWS_PER_BLOCK = 4096  # output rows rounded together: their float32 working cop
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int, symmetric: bool,
-                  damping: float = 0.01, act_order: bool = False) -> tuple[torch.Tensor, ...]:
+                  damping: float = 0.01, act_order: bool = False, float_zero: bool = False) -> tuple[torch.Tensor, ...]:
     """``weight`` (out, in) rounded by GPTQ against ``hessian`` (in, in, ``Σ x xᵀ``): what ``wo_quantize_int4``
     (packed codes, scales, zero points) or ``wo_quantize_int8`` (codes, scales) returns for the same grid.
 
@@ -63,19 +63,19 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     del hessian
     factor = torch.cholesky_inverse(factor)
     factor = torch.linalg.cholesky(factor, upper=True)  # U, upper triangular, with Uᵀ U = (H + λ I)⁻¹
-    return wo_by_rows(weight, lambda rows: _gptq_rows(rows, factor, dead, order, bits, group_size, symmetric),
+    return wo_by_rows(weight, lambda rows: _gptq_rows(rows, factor, dead, order, bits, group_size, symmetric, float_zero),
                        ROWS_PER_BLOCK)
 
 
 def _gptq_rows(rows: torch.Tensor, factor: torch.Tensor, dead: torch.Tensor, order: torch.Tensor | None, bits: int,
-               group_size: int, symmetric: bool) -> tuple[torch.Tensor, ...]:
+               group_size: int, symmetric: bool, float_zero: bool) -> tuple[torch.Tensor, ...]:
     work = rows.detach().float().clone()
     work[:, dead] = 0
     in_features = work.shape[1]
     group = group_size if bits == 4 else in_features
     static = order is not None or bits == 8  # every grid known before any column moves
     starts = range(0, in_features, group)
-    grids = [_grid(work[:, start:start + group], bits, symmetric) if static else None for start in starts]
+    grids = [_grid(work[:, start:start + group], bits, symmetric, float_zero) if static else None for start in starts]
     if order is not None:
         work = work[:, order]
     block = BLOCK_COLUMNS if static else max(BLOCK_COLUMNS, group)  # else a group's grid sees its block's updates
@@ -88,9 +88,9 @@ def _gptq_rows(rows: torch.Tensor, factor: torch.Tensor, dead: torch.Tensor, ord
             index = start + offset
             column_group = (order[index].item() if order is not None else index) // group
             if not static and index % group == 0:  # the group's grid, from its weights as they stand now
-                grids[column_group] = _grid(work[:, index:index + group], bits, symmetric)
+                grids[column_group] = _grid(work[:, index:index + group], bits, symmetric, float_zero)
             column = columns[:, offset]
-            code, value = _round(column, bits, *grids[column_group])
+            code, value = _round(column, bits, *grids[column_group], float_zero)
             codes[:, index] = code.to(codes.dtype)
             errors[:, offset] = (column - value) / factor[index, index]
             columns[:, offset:] -= errors[:, offset, None] * factor[index, index:end]
@@ -100,20 +100,21 @@ def _gptq_rows(rows: torch.Tensor, factor: torch.Tensor, dead: torch.Tensor, ord
     scales, zeros = (torch.stack(values, dim=1) for values in zip(*grids))
     if bits == 8:
         return codes, scales[:, 0].contiguous()
-    return wo_pack_int4(codes), scales.contiguous(), zeros.to(torch.uint8)
+    return wo_pack_int4(codes), scales.contiguous(), zeros.contiguous() if float_zero else zeros.to(torch.uint8)
 
 
-def _grid(columns: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _grid(columns: torch.Tensor, bits: int, symmetric: bool, float_zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point (out,) of a group's (or, int8, a row's) weights as they stand."""
     if bits == 8:
         return wo_int8_scale(columns), torch.zeros(columns.shape[0])
-    return wo_int4_grid(columns, symmetric)
+    return wo_int4_grid(columns, symmetric, float_zero)
 
 
-def _round(column: torch.Tensor, bits: int, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _round(column: torch.Tensor, bits: int, scale: torch.Tensor, zero: torch.Tensor,
+           float_zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A column's codes and the weights they stand for."""
     if bits == 8:
         code = torch.clamp(torch.round(column / scale), -127, 127)
         return code, code * scale
-    code = wo_int4_codes(column, scale, zero)
+    code = wo_int4_codes(column, scale, zero, float_zero)
     return code, (code - zero) * scale

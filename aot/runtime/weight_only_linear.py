@@ -5,7 +5,7 @@ Self-contained on purpose: it imports only torch and the standard library (no
 writer can paste this file's source into a torch-only ``module.py``. Construct it with
 plain literals, e.g.::
 
-    WeightOnlyLinear(2048, 8192, bias=False, bits=4, group_size=32, symmetric=True, activations="int8")
+    WeightOnlyLinear(2048, 8192, bias=False, bits=4, group_size=32, symmetric=True, zero_point="integer", activations="int8")
 
 Decode is bound by reading the weights once per token: int4 weights read an eighth of the
 float32 bytes. Activations stay float; only the weights are rounded.
@@ -20,12 +20,20 @@ State (what ``state_dict`` and a safetensors file hold; plain tensors, no pickle
 - ``bits=4``: ``weight`` uint8 ``(out, in / 2)``, two 4-bit codes a byte, the even column in
   the low nibble (ONNX Runtime's ``MatMulNBits`` layout, row-major); ``weight_scale``
   float32 ``(out, in / g)``, one scale per group of ``g = group_size`` columns; and, when
-  asymmetric, ``weight_zero`` uint8 ``(out, in / g)``. For a group ``w`` of a row::
+  asymmetric, ``weight_zero`` ``(out, in / g)``: uint8 for ``zero_point="integer"``, float32 for
+  ``"float"``. For a group ``w`` of a row::
 
-      symmetric:    s = max |w| / 7,                 q = clamp(round(w / s), -8, 7) + 8,   zero point z = 8
-      asymmetric:   lo = min(min w, 0), hi = max(max w, 0),  s = (hi - lo) / 15,
-                    z = clamp(round(-lo / s), 0, 15),  q = clamp(round(w / s) + z, 0, 15)
+      symmetric:              s = max |w| / 7,   q = clamp(round(w / s), -8, 7) + 8,   zero point z = 8
+      asymmetric, integer z:  lo = min(min w, 0), hi = max(max w, 0),  s = (hi - lo) / 15,
+                              z = clamp(round(-lo / s), 0, 15),  q = clamp(round(w / s) + z, 0, 15)
+      asymmetric, float z:    lo = min w, hi = max w,  s = (hi - lo) / 15,  z = -lo / s,
+                              q = clamp(round(w / s + z), 0, 15)
       W ≈ (q - z) · s
+
+  An integer zero point keeps 0 on the grid (ONNX Runtime's fast ``MatMulNBits`` takes only those);
+  a float one spans exactly ``[min w, max w]``, ``W ≈ lo + q · s``: the grid of llama.cpp's Q4_1 and
+  of torchao's int4 weight-only (``ZeroPointDomain.FLOAT``), whose codes a checkpoint already rounded
+  that way keeps to the float32 rounding of its scales.
 
 - ``bias``: float32 ``(out,)``, kept in float.
 
@@ -74,6 +82,7 @@ import torch.nn.functional as F
 _WO_BITS = (4, 8)
 _WO_GROUP_SIZES = (32, 64, 128, 256)  # powers of two: the blocks ONNX Runtime's MatMulNBits takes
 _WO_ACTIVATIONS = ("int8", "float")
+_WO_ZERO_POINTS = ("integer", "float")
 _WO_TINY = 1e-30
 _WO_ROWS_PER_BLOCK = 1024  # rows quantised, re-gridded or tiled at once (a multiple of the int4 tiles' 64 rows)
 _WO_INT4_KERNEL_ROWS = 8  # calls with at most this many rows run torch's int4 kernel; see the module doc
@@ -114,9 +123,10 @@ def wo_quantize_int8(weight: torch.Tensor):
     return wo_by_rows(weight, _wo_quantize_int8_rows)
 
 
-def wo_quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool):
-    """``(packed, s, z)``: 4-bit codes two a byte ``(out, in/2)``, float32 scales and uint8 zero points ``(out, in/g)``."""
-    return wo_by_rows(weight, lambda rows: _wo_quantize_int4_rows(rows, group_size, symmetric))
+def wo_quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool, float_zero: bool = False):
+    """``(packed, s, z)``: 4-bit codes two a byte ``(out, in/2)``, float32 scales and zero points ``(out, in/g)``,
+    uint8 (float32 with ``float_zero``)."""
+    return wo_by_rows(weight, lambda rows: _wo_quantize_int4_rows(rows, group_size, symmetric, float_zero))
 
 
 def wo_by_rows(weight: torch.Tensor, quantize, rows_per_block: int = _WO_ROWS_PER_BLOCK):
@@ -139,30 +149,38 @@ def _wo_quantize_int8_rows(weight: torch.Tensor):
     return torch.clamp(torch.round(values / scale[:, None]), -127, 127).to(torch.int8), scale
 
 
-def wo_int4_grid(groups: torch.Tensor, symmetric: bool):
+def wo_int4_grid(groups: torch.Tensor, symmetric: bool, float_zero: bool = False):
     """``(s, z)`` of each group ``(..., g)`` of float32 weights (the module doc's formulas), z as float32."""
     if symmetric:
         largest = groups.abs().amax(dim=-1)
         scale = torch.where(largest > 0, largest / 7, torch.ones_like(largest))
         return scale, torch.full_like(scale, 8)
-    low = groups.amin(dim=-1).clamp(max=0)
-    high = groups.amax(dim=-1).clamp(min=0)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    if not float_zero:  # the range holds 0, which an integer zero point then puts on the grid
+        low, high = low.clamp(max=0), high.clamp(min=0)
     scale = (high - low) / 15
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: q = 0 stands for its value
+    if float_zero:
+        return scale, -low / scale
     return scale, torch.clamp(torch.round(-low / scale), 0, 15)
 
 
-def wo_int4_codes(values: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """``q = clamp(round(w / s) + z, 0, 15)`` (float32), ``scale`` and ``zero`` broadcast against ``values``."""
+def wo_int4_codes(values: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, float_zero: bool = False) -> torch.Tensor:
+    """``q = clamp(round(w / s) + z, 0, 15)``, or ``clamp(round(w / s + z), 0, 15)`` for a float ``z`` (float32);
+    ``scale`` and ``zero`` broadcast against ``values``. (The two differ for integer ``z`` only at ties, where
+    rounding half to even depends on ``z``: integer zero points keep the first, their codes as they always were.)"""
+    if float_zero:
+        return torch.clamp(torch.round(values / scale + zero), 0, 15)
     return torch.clamp(torch.round(values / scale) + zero, 0, 15)
 
 
-def _wo_quantize_int4_rows(weight: torch.Tensor, group_size: int, symmetric: bool):
+def _wo_quantize_int4_rows(weight: torch.Tensor, group_size: int, symmetric: bool, float_zero: bool):
     out_features, in_features = weight.shape
     groups = weight.detach().float().reshape(out_features, in_features // group_size, group_size)
-    scale, zero = wo_int4_grid(groups, symmetric)
-    codes = wo_int4_codes(groups, scale[..., None], zero[..., None]).to(torch.uint8)
-    return wo_pack_int4(codes.reshape(out_features, in_features)), scale.contiguous(), zero.to(torch.uint8)
+    scale, zero = wo_int4_grid(groups, symmetric, float_zero)
+    codes = wo_int4_codes(groups, scale[..., None], zero[..., None], float_zero).to(torch.uint8)
+    return (wo_pack_int4(codes.reshape(out_features, in_features)), scale.contiguous(),
+            zero.contiguous() if float_zero else zero.to(torch.uint8))
 
 
 def wo_pack_int4(codes: torch.Tensor) -> torch.Tensor:
@@ -180,7 +198,7 @@ class WeightOnlyLinear(torch.nn.Module):
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = True, bits: int = 4, group_size: int = 32,
-        symmetric: bool = True, activations: str = "int8", device=None,
+        symmetric: bool = True, zero_point: str = "integer", activations: str = "int8", device=None,
     ) -> None:
         super().__init__()
         if bits not in _WO_BITS:
@@ -192,8 +210,12 @@ class WeightOnlyLinear(torch.nn.Module):
             raise ValueError(f"WeightOnlyLinear: activations must be one of {list(_WO_ACTIVATIONS)}, got {activations!r}")
         if bits == 8 and not symmetric:
             raise ValueError("WeightOnlyLinear: int8 weights are symmetric, per output channel")
+        if zero_point not in _WO_ZERO_POINTS or (zero_point == "float" and (bits == 8 or symmetric)):
+            raise ValueError(f"WeightOnlyLinear: zero_point must be one of {list(_WO_ZERO_POINTS)}, and 'float' only for "
+                             f"asymmetric int4, got {zero_point!r}")
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.bits, self.group_size, self.symmetric, self.activations = int(bits), int(group_size), bool(symmetric), activations
+        self.zero_point = zero_point
         if bits == 8:
             self.register_buffer("weight", torch.zeros((out_features, in_features), dtype=torch.int8, device=device))
             self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
@@ -202,7 +224,8 @@ class WeightOnlyLinear(torch.nn.Module):
             self.register_buffer("weight", torch.full((out_features, in_features // 2), 0x88, dtype=torch.uint8, device=device))
             self.register_buffer("weight_scale", torch.ones((out_features, groups), dtype=torch.float32, device=device))
             if not symmetric:
-                self.register_buffer("weight_zero", torch.full((out_features, groups), 8, dtype=torch.uint8, device=device))
+                zero_dtype = torch.float32 if zero_point == "float" else torch.uint8
+                self.register_buffer("weight_zero", torch.full((out_features, groups), 8, dtype=zero_dtype, device=device))
         if bias:
             self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=torch.float32, device=device), requires_grad=False)
         else:
@@ -211,15 +234,15 @@ class WeightOnlyLinear(torch.nn.Module):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, bits: int = 4, group_size: int = 32, symmetric: bool = True,
-                    activations: str = "int8", quantized: tuple | None = None) -> "WeightOnlyLinear":
+                    activations: str = "int8", quantized: tuple | None = None, zero_point: str = "integer") -> "WeightOnlyLinear":
         """The weight-only form of a float ``nn.Linear``: its weight quantised (rounded to nearest, or ``quantized``,
         what ``wo_quantize_int8`` / ``wo_quantize_int4`` return, found another way), its bias kept."""
         module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, bits=bits, group_size=group_size,
-                     symmetric=symmetric, activations=activations, device="meta")
+                     symmetric=symmetric, zero_point=zero_point, activations=activations, device="meta")
         if bits == 8:
             module.weight, module.weight_scale = quantized or wo_quantize_int8(linear.weight)
         else:
-            packed, scale, zero = quantized or wo_quantize_int4(linear.weight, group_size, symmetric)
+            packed, scale, zero = quantized or wo_quantize_int4(linear.weight, group_size, symmetric, zero_point == "float")
             module.weight, module.weight_scale = packed, scale
             if not symmetric:
                 module.weight_zero = zero
@@ -228,7 +251,8 @@ class WeightOnlyLinear(torch.nn.Module):
         return module
 
     def zero_points(self, rows: slice = slice(None)) -> torch.Tensor:
-        """``z`` per group, ``(out, in/g)`` uint8 (8 everywhere when symmetric), of ``rows``; int4 only."""
+        """``z`` per group, ``(out, in/g)`` uint8 (8 everywhere when symmetric; float32 for float zero points), of
+        ``rows``; int4 only."""
         zero = getattr(self, "weight_zero", None)
         return zero[rows] if zero is not None else torch.full_like(self.weight_scale[rows], 8, dtype=torch.uint8)
 
@@ -354,7 +378,9 @@ class WeightOnlyLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"bits={self.bits}, group_size={self.group_size}, symmetric={self.symmetric}, activations={self.activations!r}")
+                f"bits={self.bits}, group_size={self.group_size}, symmetric={self.symmetric}, "
+                + ("zero_point='float', " if self.zero_point == "float" else "")  # the default unsaid, as module.py's call
+                + f"activations={self.activations!r}")
 
 
 def _wo_version(tensor: torch.Tensor):

@@ -79,10 +79,11 @@ def test_a_plain_onnx_runtime_loop_makes_the_graph_modules_tokens(int4_build):
     assert collections.Counter(g["artifact"] for g in generation if "metrics" in g) == {"onnx": 1, "graph_module": 1}
 
 
-@pytest.mark.parametrize("bits,symmetric", [(4, False), (8, True)])
-def test_asymmetric_int4_and_int8_layers_run_in_onnx_runtime_as_in_torch(tmp_path, bits, symmetric):
-    """Zero points two a byte, a row of three groups padded to whole bytes; int8 codes shifted by 128: ONNX Runtime's
-    MatMulNBits (accuracy_level 0) computes the float formula of the same codes, at three shapes."""
+@pytest.mark.parametrize("bits,symmetric,zero_point", [(4, False, "integer"), (4, False, "float"), (8, True, "integer")])
+def test_asymmetric_int4_and_int8_layers_run_in_onnx_runtime_as_in_torch(tmp_path, bits, symmetric, zero_point):
+    """Zero points two a byte, a row of three groups padded to whole bytes; float zero points as MatMulNBits' default
+    zero point and a product of group sums by the offsets; int8 codes shifted by 128: ONNX Runtime (MatMulNBits at
+    accuracy_level 0) computes the float formula of the same codes, at three shapes."""
     import onnxruntime
 
     from aot.passes import QuantizeLinearWeights
@@ -96,7 +97,7 @@ def test_asymmetric_int4_and_int8_layers_run_in_onnx_runtime_as_in_torch(tmp_pat
     with torch.no_grad():
         model[0].weight.add_(0.05)  # off-centre weights: the fitted zero points differ from 8
     graph_module = fx_graph(model, torch.randn(2, 96))
-    QuantizeLinearWeights(bits=bits, group_size=32, symmetric=symmetric, activations="float")(graph_module)
+    QuantizeLinearWeights(bits=bits, group_size=32, symmetric=symmetric, zero_point=zero_point, activations="float")(graph_module)
     layers = [module for module in graph_module.modules() if isinstance(module, WeightOnlyLinear)]
     assert len(layers) == (1 if bits == 4 else 2), "precondition: 80 inputs are no whole number of groups of 32 for int4"
     if bits == 4:
@@ -105,7 +106,11 @@ def test_asymmetric_int4_and_int8_layers_run_in_onnx_runtime_as_in_torch(tmp_pat
     write_as_built(graph_module, {"input": torch.randn(2, 96)}, {"input": {0: "batch"}}, path)
     model_proto = onnx.load(str(path))
     onnx.checker.check_model(model_proto)
-    assert sum(node.op_type == "MatMulNBits" for node in model_proto.graph.node) == len(layers)
+    matmul_nbits = [node for node in model_proto.graph.node if node.op_type == "MatMulNBits"]
+    assert len(matmul_nbits) == len(layers)
+    if zero_point == "float":  # MatMulNBits with float zero points dequantizes the whole weight at every call
+        assert [len(node.input) for node in matmul_nbits] == [3], "the default zero point"
+        assert {"ReduceSum", "MatMul"} <= {node.op_type for node in model_proto.graph.node}, "the offsets' product"
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for rows in (1, 3, 17):
         x = torch.randn(rows, 96)

@@ -75,14 +75,22 @@ def test_options_are_typed():
         QuantizeLinearWeights(bits=3)
     with pytest.raises(ValidationError):
         QuantizeLinearWeights(group_size=48)
+    assert QuantizeLinearWeights(symmetric=False, zero_point="float").options.zero_point == "float"
+    for symmetric_or_int8 in ({}, {"bits": 8, "symmetric": False}):  # float zero points are for asymmetric int4 only
+        with pytest.raises(ValidationError, match="zero_point: float is for asymmetric int4"):
+            QuantizeLinearWeights(zero_point="float", **symmetric_or_int8)
 
 
-@pytest.mark.parametrize("symmetric", [True, False])
+GRIDS = {"symmetric": (True, False), "integer zero points": (False, False), "float zero points": (False, True)}
+
+
+@pytest.mark.parametrize("symmetric,float_zero", GRIDS.values(), ids=GRIDS)
 @pytest.mark.parametrize("group_size", [32, 128])
-def test_int4_codes_are_within_half_a_step_of_each_group(symmetric, group_size):
+def test_int4_codes_are_within_half_a_step_of_each_group(symmetric, float_zero, group_size):
     torch.manual_seed(0)
     weight = torch.randn(24, 256) * torch.linspace(0.01, 2.0, 24)[:, None] + (0.0 if symmetric else 0.3)
-    packed, scale, zero = wo_quantize_int4(weight, group_size, symmetric)
+    packed, scale, zero = wo_quantize_int4(weight, group_size, symmetric, float_zero)
+    assert zero.dtype == (torch.float32 if float_zero else torch.uint8)
     assert packed.dtype == torch.uint8 and packed.shape == (24, 128) and scale.shape == (24, 256 // group_size)
     codes = wo_unpack_int4(packed)
     assert torch.equal(wo_pack_int4(codes), packed) and int(codes.max()) <= 15
@@ -90,7 +98,26 @@ def test_int4_codes_are_within_half_a_step_of_each_group(symmetric, group_size):
         assert torch.equal(zero, torch.full_like(zero, 8)) and int(codes.min()) >= 1, "symmetric codes span -7..7 around 8"
     dequantized = ((codes.float().reshape(24, -1, group_size) - zero.float()[..., None]) * scale[..., None]).reshape(24, 256)
     assert ((dequantized - weight).abs() <= scale.repeat_interleave(group_size, dim=1) / 2 + 1e-6).all()
+    if float_zero:  # the grid spans each group's range exactly: its least and greatest weights are codes 0 and 15
+        groups = weight.reshape(24, -1, group_size)
+        torch.testing.assert_close(dequantized.reshape(24, -1, group_size).amin(-1), groups.amin(-1), rtol=0, atol=1e-6)
+        torch.testing.assert_close(dequantized.reshape(24, -1, group_size).amax(-1), groups.amax(-1), rtol=0, atol=1e-5)
 
+
+def test_float_zero_points_keep_weights_already_on_a_q4_1_grid_and_integer_ones_do_not():
+    """Weights rounded once to llama.cpp's Q4_1 (per group of 32, ``min + q · d``, codes 0 and 15 used) come back to
+    float32's rounding of the scales with float zero points; integer zero points, whose grid holds 0, move them."""
+    torch.manual_seed(0)
+    low, step = torch.randn(40, 8, 1) * 0.2, torch.rand(40, 8, 1) * 0.02 + 0.001
+    codes = torch.randint(0, 16, (40, 8, 32)).float()
+    codes[..., 0], codes[..., 1] = 0, 15
+    weight = (low + codes * step).reshape(40, 256)
+    errors = {}
+    for float_zero in (True, False):
+        packed, scale, zero = wo_quantize_int4(weight, 32, False, float_zero)
+        back = (wo_unpack_int4(packed).float().reshape(40, 8, 32) - zero.float()[..., None]) * scale[..., None]
+        errors[float_zero] = (back.reshape(40, 256) - weight).abs().max().item()
+    assert errors[True] < 1e-6 < 1e-3 < errors[False], errors
 
 def test_int8_codes_are_per_channel_within_half_a_step():
     torch.manual_seed(0)
@@ -100,12 +127,14 @@ def test_int8_codes_are_per_channel_within_half_a_step():
     assert ((quantized.float() * scale[:, None] - weight).abs() <= scale[:, None] / 2 + 1e-7).all()
 
 
-@pytest.mark.parametrize("bits,group_size,symmetric", [(4, 32, True), (4, 64, False), (4, 256, True), (8, 32, True)])
+@pytest.mark.parametrize("bits,group_size,symmetric,zero_point",
+                         [(4, 32, True, "integer"), (4, 64, False, "integer"), (4, 64, False, "float"), (4, 256, True, "integer"),
+                          (8, 32, True, "integer")])
 @pytest.mark.parametrize("rows", [1, 7, 130])
-def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group_size, symmetric, rows):
+def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group_size, symmetric, zero_point, rows):
     torch.manual_seed(0)
     linear = nn.Linear(256, 90)
-    layer = WeightOnlyLinear.from_linear(linear, bits, group_size, symmetric)
+    layer = WeightOnlyLinear.from_linear(linear, bits, group_size, symmetric, zero_point=zero_point)
     x = torch.randn(rows, 256)
     assert layer.activations == "int8" and layer._use_kernel(x), "precondition: float32 on the CPU runs torch._int_mm"
     with torch.no_grad():
@@ -121,16 +150,17 @@ def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group
     torch.testing.assert_close(output, F.linear(rounded, regridded, linear.bias), atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("group_size,symmetric", [(32, True), (64, False), (256, False)])
+@pytest.mark.parametrize("group_size,symmetric,zero_point", [(32, True, "integer"), (64, False, "integer"), (256, False, "integer"),
+                                                          (32, False, "float")])
 @pytest.mark.parametrize("rows", [1, 8])
-def test_a_decode_steps_few_rows_run_torchs_int4_kernel_on_the_int4_codes(group_size, symmetric, rows):
+def test_a_decode_steps_few_rows_run_torchs_int4_kernel_on_the_int4_codes(group_size, symmetric, zero_point, rows):
     """bfloat16 activations, scales and offsets: within bfloat16's rounding (2^-8 of the output) of the codes' float
     formula; an offset of the wrong sign would move the asymmetric layers' outputs by whole int4 steps."""
     torch.manual_seed(0)
     linear = nn.Linear(512, 96)
     with torch.no_grad():
         linear.weight.add_(0.03)  # off-centre weights: asymmetric zero points differ from 8
-    layer = WeightOnlyLinear.from_linear(linear, 4, group_size, symmetric)
+    layer = WeightOnlyLinear.from_linear(linear, 4, group_size, symmetric, zero_point=zero_point)
     x = torch.randn(rows, 512)
     assert rows <= weight_only_linear._WO_INT4_KERNEL_ROWS and layer._int4_kernel_fits(x), "precondition: the int4 kernel runs"
     if not symmetric:
@@ -227,3 +257,28 @@ def test_the_int8_regrid_of_a_wide_layer_goes_a_block_of_rows_at_a_time():
     torch.testing.assert_close(scale, expected_scale)
     assert torch.equal(codes, torch.round(whole / expected_scale[:, None]).clamp(-127, 127).to(torch.int8))
     assert torch.equal(layer.dequantized_weight(slice(1000, 1100)), whole[1000:1100])
+
+
+def test_float_zero_points_travel_through_module_py_as_float32(tmp_path):
+    """The saved module.py constructs the layer with float zero points, so its float32 zeros load as they were (a uint8
+    buffer would truncate them), and computes what the graph in memory does, a decode step's rows and a prompt's."""
+    import safetensors
+
+    from aot.export import save_graph_module
+    from aot.export.graph_module_artifact import load_standalone
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.SiLU(), nn.Linear(32, 16)).eval()
+    graph_module = fx_graph(model, torch.randn(2, 64))
+    QuantizeLinearWeights(bits=4, group_size=32, symmetric=False, zero_point="float")(graph_module)
+    zeros = [m.weight_zero for m in graph_module.modules() if isinstance(m, WeightOnlyLinear)]
+    assert len(zeros) == 2 and all(z.dtype == torch.float32 and (z != z.round()).any() for z in zeros), "precondition"
+    save_graph_module(graph_module, tmp_path)
+    assert "zero_point='float'" in (tmp_path / "module.py").read_text()
+    with safetensors.safe_open(tmp_path / "weights.safetensors", "pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys() if name.endswith("weight_zero")} == {"F32"}
+    loaded = load_standalone(tmp_path)
+    for rows in (1, 12):
+        x = torch.randn(rows, 64)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), graph_module(x), rtol=0, atol=0)

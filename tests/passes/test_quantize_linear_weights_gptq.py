@@ -17,7 +17,8 @@ from aot.runtime.weight_only_linear import wo_quantize_int4, wo_quantize_int8
 from tests.passes.helpers import fx_graph
 
 F = nn.functional
-GRIDS = [(4, 32, True), (4, 64, False), (8, 0, True)]  # (bits, group_size, symmetric); int8 has one scale per row
+GRIDS = [(4, 32, True, False), (4, 64, False, False), (4, 32, False, True), (8, 0, True, False)]  # (bits, group_size,
+# symmetric, float zero points); int8 has one scale per row
 
 
 class Block(nn.Module):
@@ -56,29 +57,30 @@ def _group(bits: int, group_size: int) -> int:
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("bits, group_size, symmetric", GRIDS)
-def test_with_uncorrelated_inputs_gptq_is_rounding_to_nearest_code_for_code(bits, group_size, symmetric, act_order):
+@pytest.mark.parametrize("bits, group_size, symmetric, float_zero", GRIDS)
+def test_with_uncorrelated_inputs_gptq_is_rounding_to_nearest_code_for_code(bits, group_size, symmetric, float_zero, act_order):
     weight = torch.randn(48, 128)
-    nearest = wo_quantize_int4(weight, group_size, symmetric) if bits == 4 else wo_quantize_int8(weight)
+    nearest = wo_quantize_int4(weight, group_size, symmetric, float_zero) if bits == 4 else wo_quantize_int8(weight)
     hessian = torch.diag(torch.rand(128) + 0.5)  # inputs of different scales, uncorrelated: act-order reorders them
-    fitted = gptq_quantize(weight, hessian, bits, _group(bits, group_size), symmetric, act_order=act_order)
+    fitted = gptq_quantize(weight, hessian, bits, _group(bits, group_size), symmetric, act_order=act_order, float_zero=float_zero)
     assert len(fitted) == len(nearest)
     for ours, theirs in zip(fitted, nearest):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("bits, group_size, symmetric", GRIDS)
-def test_gptq_makes_a_layers_output_error_on_its_inputs_several_times_smaller(bits, group_size, symmetric, act_order):
+@pytest.mark.parametrize("bits, group_size, symmetric, float_zero", GRIDS)
+def test_gptq_makes_a_layers_output_error_on_its_inputs_several_times_smaller(bits, group_size, symmetric, float_zero, act_order):
     torch.manual_seed(0)
     linear = nn.Linear(64, 96, bias=False)
     rows = _correlated(512, 1)
     calibration, held_out = rows[:256], rows[256:]  # the same subspace; the held-out rows the Hessian did not see
     group = _group(bits, group_size)
-    fitted = gptq_quantize(linear.weight, calibration.T @ calibration, bits, group, symmetric, act_order=act_order)
+    fitted = gptq_quantize(linear.weight, calibration.T @ calibration, bits, group, symmetric, act_order=act_order,
+                           float_zero=float_zero)
 
     def output_error(quantized) -> float:
-        layer = WeightOnlyLinear.from_linear(linear, bits, group, symmetric, "float", quantized)
+        layer = WeightOnlyLinear.from_linear(linear, bits, group, symmetric, "float", quantized, "float" if float_zero else "integer")
         return (held_out @ (linear.weight - layer.dequantized_weight()).T).pow(2).mean().item()
 
     nearest_error, gptq_error = output_error(None), output_error(fitted)
