@@ -202,7 +202,9 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule, int8_prompts: bool = Fal
                 int8_layers[str(node.target)] = len(int8_layers)
         block, tensors = lowered_layers[str(node.target)]
         with graph.inserting_before(node):
-            got = {name: graph.get_attr(f"{node.target}.{name}") for name in tensors}
+            # create_node, not get_attr: get_attr warns when gm's layer lacks the name (weight_offset), which the
+            # copy's holder modules below have
+            got = {name: graph.create_node("get_attr", f"{node.target}.{name}") for name in tensors}
             call = graph.call_function(torch.ops.aot.weight_only_linear.default, (
                 node.args[0] if node.args else node.kwargs["input"], got["weight"], got["weight_scale"],
                 got.get("weight_zero"), got.get("weight_offset"), got.get("bias"), layer.in_features, layer.out_features, layer.bits, block,
