@@ -159,7 +159,7 @@ def onnx_tensors(layer: WeightOnlyLinear) -> tuple[int, dict[str, torch.Tensor]]
                    "weight_scale": layer.weight_scale.reshape(-1)}
         zero = getattr(layer, "weight_zero", None)
         if zero is not None and layer.zero_point == "float":  # the default zero point 8, and each group's offset
-            tensors["weight_offset"] = ((8 - zero) * layer.weight_scale).t().contiguous()
+            tensors["weight_offset"] = layer.group_offsets().t().contiguous()
         elif zero is not None:  # two a byte, each row padded to whole bytes
             tensors["weight_zero"] = wo_pack_int4(torch.nn.functional.pad(zero, (0, zero.shape[1] % 2), value=0)).reshape(-1)
     else:

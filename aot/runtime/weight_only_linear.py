@@ -256,6 +256,12 @@ class WeightOnlyLinear(torch.nn.Module):
         zero = getattr(self, "weight_zero", None)
         return zero[rows] if zero is not None else torch.full_like(self.weight_scale[rows], 8, dtype=torch.uint8)
 
+    def group_offsets(self) -> torch.Tensor:
+        """``(8 - z) · s`` per group, float32 ``(out, in/g)``: what a kernel whose zero point is fixed at 8 adds to each
+        group's weights to make ``(q - z) · s`` (torch's int4 kernel here; ``MatMulNBits`` at its default zero point in
+        an ONNX model with float zero points); int4 only."""
+        return (8 - self.zero_points().float()) * self.weight_scale
+
     def dequantized_weight(self, rows: slice = slice(None)) -> torch.Tensor:
         """``(q - z) · s``: the float32 weight the codes stand for (its ``rows`` only, when given)."""
         if self.bits == 8:
@@ -329,9 +335,7 @@ class WeightOnlyLinear(torch.nn.Module):
         block of rows are those rows' tiles), and per group ``(s, (8 - z) s)`` in bfloat16: its kernel computes
         ``(q - 8) · s + offset``, which is ``(q - z) · s``."""
         (tiles,) = wo_by_rows(self.weight, lambda rows: (torch._convert_weight_to_int4pack_for_cpu(wo_unpack_int4(rows).to(torch.int32), 1),))
-        scale = self.weight_scale
-        offset = (8 - self.zero_points().float()) * scale
-        return tiles, torch.stack([scale.t(), offset.t()], dim=-1).to(torch.bfloat16).contiguous()
+        return tiles, torch.stack([self.weight_scale.t(), self.group_offsets().t()], dim=-1).to(torch.bfloat16).contiguous()
 
     def int8_regrid(self):
         """An int4 layer's codes as int8 per output channel, ``(codes, scales)``, made a block of rows at a time: the
