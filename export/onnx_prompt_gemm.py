@@ -8,10 +8,16 @@ the time to read the weights. A prompt is bound by arithmetic instead, and there
 the number of rows it is called with, as ``WeightOnlyLinear`` does in the GraphModule::
 
     y = If(rows(x) > 8,                                                (rows: the product of x's leading dims)
-           then: a = max(|x_r|) / 127 per row r                       (ReduceMax(Abs(x)), at least 1e-30)
-                 x8 = Cast(Round(x / a) + 128, uint8)                  (|x / a| <= 127: zero point 128)
-                 y = Cast(MatMulInteger(x8, W8, 128), float) · a · c   (W8: int8 (K, N), c: (N,))
+           then: x_out = each row's 8 largest |x|, x_in the rest        (TopK(Abs(x)); ScatterElements zeros)
+                 a = max(|x_in,r|) / 127, b = max(|x_r|) / 127 per row  (ReduceMax(Abs(.)), at least 1e-30)
+                 x8 = Cast(Round(x_in / a) + 128, uint8)               (|x_in / a| <= 127: zero point 128)
+                 y = (Cast(MatMulInteger(x8, W8, 128), float) · a      (W8: int8 (K, N), c: (N,))
+                      + Round(x_out / b)[:, U] @ Cast(W8[U], float) · b) · c   (U: the outliers' columns, Unique)
            else: y = MatMulNBits(x, codes, scales[, zero_points]))     (+ bias in both)
+
+Each row on two int8 grids is ``WeightOnlyLinear._int8_product``'s: a decoder's few channels tens of
+times larger than the rest, on one grid, would leave the rest a few levels. The outliers' sums
+(at most 8 products of int8s each) are exact in float32, so both artifacts compute the same sums.
 
 ``W8`` and ``c`` are the int4 layer re-gridded per output channel
 (:meth:`aot.runtime.WeightOnlyLinear.int8_regrid`: ``c_n = max_k |(q - z) s|_nk / 127``,
@@ -31,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from aot.runtime.weight_only_linear import _WO_INT4_KERNEL_ROWS, _WO_TINY, WeightOnlyLinear
+from aot.runtime.weight_only_linear import _WO_INT4_KERNEL_ROWS, _WO_OUTLIERS_PER_ROW, _WO_TINY, WeightOnlyLinear
 
 PROMPT_ROWS = _WO_INT4_KERNEL_ROWS  # calls of more rows take the int8 GEMM, as in the GraphModule
 
@@ -65,13 +71,27 @@ def prompt_and_step_branches(input: ir.Value, step: ir.Node, bias: ir.Value | No
     """The If's ``(then, else)`` graphs: the int8 GEMM on ``weight8`` and ``scale8`` for a prompt, ``step`` (the
     layer's MatMulNBits node, in no graph yet) for a decode step; ``bias`` added in each."""
     nodes = _Nodes(name)
-    largest = nodes.add("ReduceMax", [nodes.add("Abs", [input]), nodes.constant(np.array([-1], np.int64))], keepdims=1)
-    row_scale = nodes.add("Div", [nodes.add("Max", [largest, nodes.constant(np.array(_WO_TINY, np.float32))]),
-                                  nodes.constant(np.array(127, np.float32))])
-    shifted = nodes.add("Add", [nodes.add("Round", [nodes.add("Div", [input, row_scale])]), nodes.constant(np.array(128, np.float32))])
+    out_features = weight8.shape[1]
+    rows = nodes.add("Reshape", [input, nodes.constant(np.array([-1, weight8.shape[0]], np.int64))])  # (M, K)
+    inliers, outlier_values, outlier_columns = _outliers_apart(nodes, rows, weight8.shape[0])
+    inner_scale = _row_scale(nodes, inliers)
+    shifted = nodes.add("Add", [nodes.add("Round", [nodes.add("Div", [inliers, inner_scale])]), nodes.constant(np.array(128, np.float32))])
     codes = nodes.add("Cast", [shifted], to=ir.DataType.UINT8)
     sums = nodes.add("MatMulInteger", [codes, weight8, nodes.constant(np.array(128, np.uint8))])
-    product = nodes.add("Mul", [nodes.add("Mul", [nodes.add("Cast", [sums], to=ir.DataType.FLOAT), row_scale]), scale8])
+    outer_scale = _row_scale(nodes, outlier_values)
+    outer = nodes.add("Round", [nodes.add("Div", [outlier_values, outer_scale])])
+    # the outliers' columns of the int8 weight, each once: Unique over the rows' TopK indices
+    columns, _, slots, _ = nodes.add_many("Unique", [nodes.add("Reshape", [outlier_columns, nodes.constant(np.array([-1], np.int64))])],
+                                          outputs=4, sorted=1)
+    sparse = nodes.add("ScatterElements", [
+        nodes.add("ConstantOfShape", [nodes.add("Concat", [nodes.add("Shape", [rows], end=1), nodes.add("Shape", [columns])], axis=0)]),
+        nodes.add("Reshape", [slots, nodes.add("Shape", [outlier_columns])]), outer], axis=1)
+    met = nodes.add("Cast", [nodes.add("Gather", [weight8, columns], axis=0)], to=ir.DataType.FLOAT)  # (U, N)
+    outer_sums = nodes.add("MatMul", [sparse, met])  # at most 8 products of int8 a sum: exact in float32
+    both = nodes.add("Add", [nodes.add("Mul", [nodes.add("Cast", [sums], to=ir.DataType.FLOAT), inner_scale]),
+                             nodes.add("Mul", [outer_sums, outer_scale])])
+    product = nodes.add("Reshape", [nodes.add("Mul", [both, scale8]), nodes.add("Concat", [
+        nodes.add("Shape", [input], end=-1), nodes.constant(np.array([out_features], np.int64))], axis=0)])
     if bias is not None:
         product = nodes.add("Add", [product, bias])
     prompt = ir.Graph([], [product], nodes=nodes.taken(), name=f"{name}_prompt")
@@ -85,6 +105,24 @@ def prompt_and_step_branches(input: ir.Value, step: ir.Node, bias: ir.Value | No
     return prompt, ir.Graph([], [stepped], nodes=[step, *nodes.taken()], name=f"{name}_step")
 
 
+def _row_scale(nodes: _Nodes, values: ir.Value) -> ir.Value:
+    """``max(|x_r|, 1e-30) / 127`` per row: the step of the row's int8 grid."""
+    largest = nodes.add("ReduceMax", [nodes.add("Abs", [values]), nodes.constant(np.array([-1], np.int64))], keepdims=1)
+    return nodes.add("Div", [nodes.add("Max", [largest, nodes.constant(np.array(_WO_TINY, np.float32))]),
+                             nodes.constant(np.array(127, np.float32))])
+
+
+def _outliers_apart(nodes: _Nodes, rows: ir.Value, in_features: int) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``(x_in, values, columns)`` of ``rows`` (M, K): each row's ``_WO_OUTLIERS_PER_ROW`` largest ``|x|`` (their values and
+    columns, (M, k)) and the row with zeros in their place (``WeightOnlyLinear._int8_product``'s decomposition)."""
+    outliers = min(_WO_OUTLIERS_PER_ROW, in_features)
+    _, columns = nodes.add_many("TopK", [nodes.add("Abs", [rows]), nodes.constant(np.array([outliers], np.int64))],
+                                outputs=2, axis=-1, largest=1, sorted=1)
+    values = nodes.add("GatherElements", [rows, columns], axis=1)
+    inliers = nodes.add("ScatterElements", [rows, columns, nodes.add("ConstantOfShape", [nodes.add("Shape", [columns])])], axis=1)
+    return inliers, values, columns
+
+
 class _Nodes:
     """Nodes made one at a time, each output named ``{prefix}_{n}`` (unique in the model, as ONNX requires)."""
 
@@ -96,6 +134,13 @@ class _Nodes:
         node.outputs[0].name = node.name
         self.made.append(node)
         return node.outputs[0]
+
+    def add_many(self, op_type: str, inputs: list[ir.Value], outputs: int, **attributes) -> list[ir.Value]:
+        node = ir.node(op_type, inputs, attributes=attributes, num_outputs=outputs, name=self.fresh_name())
+        for index, output in enumerate(node.outputs):
+            output.name = f"{node.name}_{index}"
+        self.made.append(node)
+        return list(node.outputs)
 
     def constant(self, array: np.ndarray) -> ir.Value:
         return self.add("Constant", [], value=ir.tensor(array))

@@ -7,11 +7,17 @@ through the shipped tokenizer, each cut to ``max_prompt_tokens``), for each arti
 
 - **teacher forced**, at every position ``t`` of every prompt: eager's next-token distribution
   ``p_t = softmax(eager logits)`` and the artifact's ``q_t``, both given the prompt's true tokens
-  up to ``t``:
+  up to ``t``, the artifact fed them one a call (decode steps, through its KV cache):
 
   - ``kl_mean``: the mean over all positions of ``KL(p_t || q_t) = Σ_v p_t(v) (log p_t(v) - log q_t(v))``
     in nats, and ``kl_max`` the largest;
   - ``top1_agreement``: the share of positions where ``argmax q_t = argmax p_t``;
+
+- **prefilled**: the same positions, each given the tokens up to ``t`` in one call (a prompt's
+  prefill: one call of the whole prompt where the step gives every position's logits, else one
+  call per prefix): ``prefill_kl_mean``, ``prefill_kl_max``, ``prefill_top1_agreement``, held to
+  the same thresholds. An artifact may compute a call of many tokens another way than a decode step
+  (the weight-only GraphModule's int8 GEMMs for more than 8 rows): both ways are what users run;
 
 - **greedy**: ``greedy_agreement``, the mean over prompts of the share of ``new_tokens`` greedy
   tokens the artifact makes before its first token that differs from eager's (after a difference
@@ -28,7 +34,7 @@ probability mass is, keeps its error under 1e-3 and KL its accuracy to about tha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -43,8 +49,17 @@ METRICS = {
     "kl_mean": ("max_kl_mean", True),
     "kl_max": ("max_kl", True),
     "top1_agreement": ("min_top1_agreement", False),
+    "prefill_kl_mean": ("max_kl_mean", True),
+    "prefill_kl_max": ("max_kl", True),
+    "prefill_top1_agreement": ("min_top1_agreement", False),
     "greedy_agreement": ("min_greedy_agreement", False),
 }
+
+
+def metric_thresholds(limits: Mapping[str, float | None]) -> dict[str, float]:
+    """Each metric's threshold from the recipe's (``max_kl_mean``... as ``generation.fidelity`` names them; None
+    where not given): one recipe threshold holds both ways of feeding the prompts."""
+    return {metric: limits[key] for metric, (key, _) in METRICS.items() if limits.get(key) is not None}
 
 
 @dataclass
@@ -113,45 +128,69 @@ class FidelityReference:
                 generate: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> FidelityResult:
         """Score one artifact: its flat ``step`` teacher-forced over each prompt, its ``generate`` greedy."""
         result = FidelityResult(artifact, len(self.prompts), self.positions, thresholds=dict(self.thresholds))
-        divergences, agreements, greedy = [], [], []
+        scores = {"": _Scores(), "prefill_": _Scores()}
+        greedy = []
         try:
             with torch.no_grad():
                 for ids, eager, tokens in zip(self.prompts, self.log_probs, self.greedy):
-                    logits = teacher_forced_logits(step, past_layout, ids)
                     eager = eager.to(torch.float32)
-                    mine = torch.log_softmax(logits, dim=-1)
-                    divergences.append((eager.exp() * (eager - mine)).sum(dim=-1).clamp(min=0))
-                    agreements.append(mine.argmax(dim=-1) == eager.argmax(dim=-1))
+                    scores[""].add(eager, teacher_forced_logits(step, past_layout, ids))
+                    scores["prefill_"].add(eager, prefilled_logits(step, past_layout, ids))
                     made = generate(ids, torch.ones_like(ids), self.new_tokens)[0, ids.shape[1]:]
                     differ = (made != tokens).nonzero()
                     greedy.append((int(differ[0]) if len(differ) else self.new_tokens) / self.new_tokens)
         except Exception as error:  # reported as this artifact's failure, beside the other checks
             result.problem = f"fails to run: {type(error).__name__}: {first_line(error)}"
             return result
-        kl = torch.cat(divergences)
-        result.metrics = {
-            "kl_mean": float(kl.mean()),
-            "kl_max": float(kl.max()),
-            "top1_agreement": float(torch.cat(agreements).float().mean()),
-            "greedy_agreement": sum(greedy) / len(greedy),
-        }
+        metrics = {f"{way}{name}": value for way, way_scores in scores.items() for name, value in way_scores.metrics().items()}
+        result.metrics = {name: metrics[name] for name in METRICS if name in metrics}
+        result.metrics["greedy_agreement"] = sum(greedy) / len(greedy)
         return result
 
 
-def teacher_forced_logits(step: Callable[..., Sequence[torch.Tensor]], past_layout: PastLayout, ids: torch.Tensor) -> torch.Tensor:
-    """The step's next-token logits at every position of ``ids`` (1, T), as (T, vocab) float32.
+class _Scores:
+    """KL divergences and top-1 agreements of one way of feeding the prompts, position by position."""
 
-    One prefill where the step gives every position's logits (``generation.logits: all``);
-    otherwise (``last``) the prompt's first token, then each next one fed as a decode step.
-    """
+    def __init__(self) -> None:
+        self.divergences: list[torch.Tensor] = []
+        self.agreements: list[torch.Tensor] = []
+
+    def add(self, eager: torch.Tensor, logits: torch.Tensor) -> None:
+        mine = torch.log_softmax(logits, dim=-1)
+        self.divergences.append((eager.exp() * (eager - mine)).sum(dim=-1).clamp(min=0))
+        self.agreements.append(mine.argmax(dim=-1) == eager.argmax(dim=-1))
+
+    def metrics(self) -> dict[str, float]:
+        kl = torch.cat(self.divergences)
+        return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+                "top1_agreement": float(torch.cat(self.agreements).float().mean())}
+
+
+def teacher_forced_logits(step: Callable[..., Sequence[torch.Tensor]], past_layout: PastLayout, ids: torch.Tensor) -> torch.Tensor:
+    """The step's next-token logits at every position of ``ids`` (1, T), as (T, vocab) float32, fed one token a call:
+    the first token as a prefill, then each next one as a decode step through the step's KV cache."""
     mask = torch.ones_like(ids)
-    layout_inputs = (ids, mask, torch.arange(ids.shape[1])[None]) if past_layout.takes_position_ids else (ids, mask)
-    logits = step(*layout_inputs, *past_layout.empty(1))[0]
+    first = Prompt("teacher forced", ids[:, :1], mask[:, :1])
+    # forced_logits reads the logits after each call and then feeds the next token of its list, so the list's last token
+    # is never fed: the prompt's tokens 1 .. T-1, then any token, give positions 0 .. T-1
+    return forced_logits(step, past_layout, first, torch.cat([ids[:, 1:], ids[:, :1]], dim=1))[0]
+
+
+def prefilled_logits(step: Callable[..., Sequence[torch.Tensor]], past_layout: PastLayout, ids: torch.Tensor) -> torch.Tensor:
+    """The step's next-token logits at every position ``t`` of ``ids`` (1, T), as (T, vocab) float32, given the tokens up
+    to ``t`` in one call: the whole prompt's prefill where the step gives every position's logits (``generation.logits:
+    all``; causal attention makes position ``t``'s the prefix's), otherwise (``last``) a prefill of each prefix."""
+    logits = _prefill(step, past_layout, ids)
     if logits.shape[1] == ids.shape[1]:
         return logits[0].to(torch.float32)
-    first = Prompt("teacher forced", ids[:, :1], mask[:, :1])
-    forced = forced_logits(step, past_layout, first, ids[:, 1:])[0]  # positions 0 .. T-2
-    return torch.cat([forced, logits[0, -1:].to(torch.float32)])  # and the full prompt's last position
+    return torch.cat([_prefill(step, past_layout, ids[:, : end])[0, -1:] for end in range(1, ids.shape[1])]
+                     + [logits[0, -1:]]).to(torch.float32)
+
+
+def _prefill(step: Callable[..., Sequence[torch.Tensor]], past_layout: PastLayout, ids: torch.Tensor) -> torch.Tensor:
+    mask = torch.ones_like(ids)
+    layout_inputs = (ids, mask, torch.arange(ids.shape[1])[None]) if past_layout.takes_position_ids else (ids, mask)
+    return step(*layout_inputs, *past_layout.empty(1))[0]
 
 
 def tokenized_prompts(lines: Sequence[str], tokenizer, max_tokens: int) -> list[torch.Tensor]:

@@ -377,11 +377,12 @@ class FidelitySpec(_Strict):
     max_kl_mean: float | None = Field(
         None, gt=0, allow_inf_nan=False,
         description="Largest mean, over every prompt position (teacher-forced), of KL(eager || artifact) of the "
-        "next-token distributions, in nats.",
+        "next-token distributions, in nats; held twice: with the prompts fed one token a call (decode steps) and "
+        "prefilled (each position given its prefix in one call).",
     )
-    max_kl: float | None = Field(None, gt=0, allow_inf_nan=False, description="Largest KL divergence allowed at any one position.")
+    max_kl: float | None = Field(None, gt=0, allow_inf_nan=False, description="Largest KL divergence allowed at any one position, fed either way.")
     min_top1_agreement: float | None = Field(
-        None, ge=0, le=1, allow_inf_nan=False, description="Smallest share of positions whose most likely next token is eager's.",
+        None, ge=0, le=1, allow_inf_nan=False, description="Smallest share of positions whose most likely next token is eager's, fed either way.",
     )
     min_greedy_agreement: float | None = Field(
         None, ge=0, le=1, allow_inf_nan=False,

@@ -464,14 +464,14 @@ def fidelity_reference(plan: FidelityPlan | None) -> Callable[[torch.nn.Module],
     """What takes the fidelity gate's eager reference from a causal LM (``generation.fidelity``); None without a gate."""
     if plan is None:
         return None
-    from aot.decoding.fidelity import METRICS, FidelityReference, tokenized_prompts
+    from aot.decoding.fidelity import FidelityReference, metric_thresholds, tokenized_prompts
     from aot.models import load_tokenizer
 
     fidelity = plan.spec
     prompts = tokenized_prompts(text_lines(plan.prompts_path), load_tokenizer(plan.tokenizer), fidelity.max_prompt_tokens)
     if not prompts:
         raise plan.locator.error(("generation", "fidelity", "prompts"), "no prompt of two tokens or more")
-    thresholds = {metric: getattr(fidelity, key) for metric, (key, _) in METRICS.items() if getattr(fidelity, key) is not None}
+    thresholds = metric_thresholds(fidelity.model_dump())
     return lambda causal_lm: FidelityReference.take(causal_lm, prompts, fidelity.new_tokens, thresholds)
 
 

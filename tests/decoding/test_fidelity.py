@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from aot.decoding.fidelity import METRICS, FidelityReference, FidelityResult, teacher_forced_logits
+from aot.decoding.fidelity import METRICS, FidelityReference, FidelityResult, metric_thresholds, prefilled_logits, teacher_forced_logits
 from aot.decoding.greedy import greedy_generate
 from tests.decoding.zoo import VOCAB, decoder
 
 RECIPES = Path(__file__).parents[2] / "recipes"
-THRESHOLDS = {"kl_mean": 0.01, "kl_max": 0.05, "top1_agreement": 0.9, "greedy_agreement": 0.5}
+THRESHOLDS = metric_thresholds({"max_kl_mean": 0.01, "max_kl": 0.05, "min_top1_agreement": 0.9, "min_greedy_agreement": 0.5})
 
 
 def _prompts() -> list[torch.Tensor]:
@@ -37,18 +37,44 @@ def test_a_step_that_is_the_model_scores_perfectly():
     assert result.ok, result.summary()
     assert result.metrics["kl_mean"] < 1e-3 and result.metrics["kl_max"] < 5e-3, "float16 storage of eager's log-probabilities"
     assert result.metrics["top1_agreement"] == 1.0 and result.metrics["greedy_agreement"] == 1.0
+    assert result.metrics["prefill_kl_max"] < 5e-3 and result.metrics["prefill_top1_agreement"] == 1.0
+    assert set(result.metrics) == set(METRICS), "every metric scored"
     assert result.summary() == "itself: fidelity gate: met (on 3 prompts, 28 positions)"
 
 
-def test_a_step_giving_only_the_last_logits_is_teacher_forced_token_by_token():
+def test_positions_scored_fed_one_token_a_call_and_prefilled_agree_on_a_float_step():
     flat = decoder("llama")
     last_only = lambda *inputs: [flat(*inputs)[0][:, -1:], *flat(*inputs)[1:]]  # noqa: E731
+    calls = []
+    counting = lambda *inputs: calls.append(inputs[0].shape[1]) or flat(*inputs)  # noqa: E731
     ids = _prompts()[1]
     with torch.no_grad():
-        every = teacher_forced_logits(flat, flat.past_layout, ids)
-        stepped = teacher_forced_logits(last_only, flat.past_layout, ids)
-    assert every.shape == stepped.shape == (13, VOCAB)
-    torch.testing.assert_close(stepped, every, atol=1e-4, rtol=1e-4)
+        stepped = teacher_forced_logits(counting, flat.past_layout, ids)
+        assert calls == [1] * 13, "teacher forcing feeds one token a call, every position"
+        calls.clear()
+        prefilled = prefilled_logits(counting, flat.past_layout, ids)
+        assert calls == [13], "a step giving every position's logits: one prefill of the whole prompt"
+        prefixes = prefilled_logits(last_only, flat.past_layout, ids)
+    assert stepped.shape == prefilled.shape == prefixes.shape == (13, VOCAB)
+    torch.testing.assert_close(prefilled, stepped, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(prefixes, prefilled, atol=1e-4, rtol=1e-4)
+
+
+def test_a_step_that_computes_prompts_differently_fails_only_the_prefill_metrics():
+    flat = decoder("llama")
+    generator = torch.Generator().manual_seed(0)
+
+    def noisy_prompts(*inputs):  # a decode step (one token) is exact; a call of several tokens is not
+        logits, *rest = flat(*inputs)
+        noise = 3 * torch.randn(logits.shape, generator=generator) if inputs[0].shape[1] > 1 else 0
+        return [logits + noise, *rest]
+
+    noisy_prompts.past_layout = flat.past_layout
+    result = _reference(flat).measure("noisy prompts", noisy_prompts, flat.past_layout, _generate(noisy_prompts))
+    assert result.metrics["kl_max"] < 5e-3, "precondition: fed one token a call, the step is the model"
+    assert {"prefill_kl_mean", "prefill_kl_max", "prefill_top1_agreement"} <= set(result.failed), result.metrics
+    assert not {"kl_mean", "kl_max", "top1_agreement"} & set(result.failed)
+    assert "prefill_kl_mean" in result.summary() and "above 0.01" in result.summary()
 
 
 def test_a_perturbed_step_fails_the_metrics_it_misses_and_names_them():

@@ -75,6 +75,7 @@ def test_each_int8_activation_layer_branches_between_matmul_nbits_and_the_int8_g
         prompt = [n.op_type for n in graphs["then_branch"].node]
         step = [n.op_type for n in graphs["else_branch"].node]
         assert "MatMulInteger" in prompt and "MatMulNBits" not in prompt
+        assert {"TopK", "Unique", "MatMul"} <= set(prompt), "each row's largest activations multiplied in float"
         assert step[0] == "MatMulNBits" and "MatMulInteger" not in step
     assert {opset.domain for opset in model.opset_import} >= {"", "com.microsoft"}
     assert [node.op_type for node in model.graph.node].count("ReduceProd") == 1, "one row count for both layers' inputs"
@@ -110,7 +111,11 @@ def test_onnx_runtime_computes_what_the_graph_module_computes_on_either_side_of_
     assert scale > 0.1, "precondition: outputs far from zero"
     if rows > PROMPT_ROWS:
         skip_unless_ort_u8s8_sums_exact()
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
+        # the layers' inputs differ in their last bits (ONNX Runtime's SiLU is not torch's), which can move a value
+        # lying half-way between two int8 levels to the other level: one level of one row, not a different formula
+        error = np.abs(got - want)
+        assert np.median(error) <= 1e-6 * scale, f"median difference {np.median(error) / scale:.1e} of the output's scale"
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3 * scale)
     else:
         error = np.abs(got - want).max() / scale
         assert 1e-5 < error < 0.02, f"MatMulNBits and torch's int4 kernel differ by {error:.2e} of the output's scale"

@@ -145,9 +145,55 @@ def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group
     assert ((regridded - exact).abs() <= scale[:, None] / 2 + 1e-7).all(), "the int8 grid moves a weight by half its step at most"
     if bits == 4:
         assert (scale[:, None] <= layer.weight_scale.max(dim=1, keepdim=True).values * 8 / 127 + 1e-7).all(), "under a 1/16 int4 step"
-    largest = x.abs().amax(dim=1, keepdim=True)
-    rounded = torch.round(x * (127 / largest)) * (largest / 127)  # each token on its own int8 grid
-    torch.testing.assert_close(output, F.linear(rounded, regridded, linear.bias), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(output, F.linear(_int8_rows_but_outliers(x), regridded, linear.bias), atol=1e-4, rtol=1e-5)
+
+
+def _int8_rows_but_outliers(x: torch.Tensor) -> torch.Tensor:
+    """What the int8 GEMMs compute with: each row's 8 largest |x| on the row's int8 grid, the rest on a grid of their own."""
+    outliers = torch.zeros_like(x, dtype=torch.bool).scatter_(1, x.abs().topk(weight_only_linear._WO_OUTLIERS_PER_ROW, dim=1).indices, True)
+    return _on_int8_grid(x.masked_fill(outliers, 0)) + _on_int8_grid(x * outliers)
+
+
+def _on_int8_grid(x: torch.Tensor) -> torch.Tensor:
+    step = x.abs().amax(dim=1, keepdim=True) / 127
+    return torch.round(x / step) * step
+
+
+def test_a_rows_few_large_activations_take_an_int8_grid_of_their_own_and_leave_the_rest_a_fine_one():
+    """A decoder's hidden states carry a few channels tens of times larger than the rest: rounded with the rest in one
+    per-row scale they would leave the rest a few int8 levels; on a grid of their own, the rest round on a finer one,
+    and a row's result does not depend on the rows beside it in the call."""
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 64, bias=False)
+    layer = WeightOnlyLinear.from_linear(linear, bits=8)
+    x = torch.randn(40, 256)
+    x[:, [3, 17, 40, 77, 120, 160, 200, 250]] *= 60  # outlier channels, as in a real decoder's activations
+    with torch.no_grad():
+        output, alone = layer(x), layer(x[:12])
+        exact = F.linear(x, layer.dequantized_weight())
+        largest = x.abs().amax(dim=1, keepdim=True)
+        per_row = F.linear(torch.round(x * (127 / largest)) * (largest / 127), layer.dequantized_weight())
+    assert (per_row - exact).abs().mean() > exact.abs().mean() / 100, "precondition: a per-row int8 scale loses the small channels"
+    # what remains is mostly the outliers' own rounding (their grid's step is the per-row one)
+    assert (output - exact).abs().mean() < (per_row - exact).abs().mean() / 4
+    torch.testing.assert_close(alone, output[:12], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_outliers_stacked_under_the_gemm_and_multiplied_by_their_columns_give_the_same_bits(bits, monkeypatch):
+    """A decode step on a CPU with int8 dot products stacks each row's outliers as a row of their own under the int8
+    GEMM; otherwise they are multiplied with the weight's columns they meet: both sum the same integers exactly."""
+    monkeypatch.setattr(weight_only_linear, "_wo_vnni", lambda: True)  # stacking where the CPU would not choose it
+    torch.manual_seed(0)
+    layer = WeightOnlyLinear.from_linear(nn.Linear(256, 48), bits=bits, group_size=32)
+    codes, _ = layer.derived_weight()
+    x = torch.randn(weight_only_linear._WO_STACKED_ROWS + 5, 256)
+    x[:, [9, 100]] *= 40
+    with torch.no_grad():
+        gathered = layer._int8_product(x, codes)
+        stacked = torch.cat([layer._int8_product(x[start:start + 4], codes) for start in range(0, len(x), 4)])
+    assert len(x) > weight_only_linear._WO_STACKED_ROWS >= 4, "precondition: one call of each way"
+    assert torch.equal(stacked, gathered)
 
 
 @pytest.mark.parametrize("group_size,symmetric,zero_point", [(32, True, "integer"), (64, False, "integer"), (256, False, "integer"),
