@@ -44,7 +44,7 @@ from .onnx_decompositions import only_needed_decompositions
 from .onnx_files import step_errors, write_checked
 from .onnx_float16 import convert_to_float16
 from .onnx_int8 import lower_int8_linears
-from .onnx_weight_only import lower_weight_only_linears
+from .onnx_weight_only import lower_weight_only_linears, shift_int8_codes_on_write
 from .ort_fusions import Target, fuse_for_ort
 
 logger = logging.getLogger(__name__)
@@ -125,6 +125,8 @@ def write_onnx(
     gm, weight_only = lower_weight_only_linears(gm, int8_prompts=int8_prompts)
     translations = {**translations, **weight_only}
     program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations)
+    if weight_only:
+        shift_int8_codes_on_write(program.model)
     if int8_prompts and weight_only:  # the exporter declares the domains of the nodes it recorded, not of If branches
         program.model.opset_imports.setdefault("com.microsoft", 1)
     produced_opset = program.model.opset_imports.get("", None)

@@ -9,7 +9,7 @@ the number of rows it is called with, as ``WeightOnlyLinear`` does in the GraphM
 
     y = If(rows(x) > 8,                                                (rows: the product of x's leading dims)
            then: x_out = each row's 8 largest |x|, x_in the rest        (TopK(Abs(x)); ScatterElements zeros)
-                 a = max(|x_in,r|) / 127, b = max(|x_r|) / 127 per row  (ReduceMax(Abs(.)), at least 1e-30)
+                 a = max(|x_in,r|) / 127, b = max(|x_r|) / 127 per row  (ReduceMax(Abs(x_in)); TopK's first; at least 1e-30)
                  x8 = Cast(Round(x_in / a) + 128, uint8)               (|x_in / a| <= 127: zero point 128)
                  y = (Cast(MatMulInteger(x8, W8, 128), float) · a      (W8: int8 (K, N), c: (N,))
                       + Round(x_out / b)[:, U] @ Cast(W8[U], float) · b) · c   (U: the outliers' columns, Unique)
@@ -73,12 +73,13 @@ def prompt_and_step_branches(input: ir.Value, step: ir.Node, bias: ir.Value | No
     nodes = _Nodes(name)
     out_features = weight8.shape[1]
     rows = nodes.add("Reshape", [input, nodes.constant(np.array([-1, weight8.shape[0]], np.int64))])  # (M, K)
-    inliers, outlier_values, outlier_columns = _outliers_apart(nodes, rows, weight8.shape[0])
-    inner_scale = _row_scale(nodes, inliers)
+    inliers, outlier_values, outlier_columns, largest = _outliers_apart(nodes, rows, weight8.shape[0])
+    inner_largest = nodes.add("ReduceMax", [nodes.add("Abs", [inliers]), nodes.constant(np.array([-1], np.int64))], keepdims=1)
+    inner_scale = _row_scale(nodes, inner_largest)
     shifted = nodes.add("Add", [nodes.add("Round", [nodes.add("Div", [inliers, inner_scale])]), nodes.constant(np.array(128, np.float32))])
     codes = nodes.add("Cast", [shifted], to=ir.DataType.UINT8)
     sums = nodes.add("MatMulInteger", [codes, weight8, nodes.constant(np.array(128, np.uint8))])
-    outer_scale = _row_scale(nodes, outlier_values)
+    outer_scale = _row_scale(nodes, largest)
     outer = nodes.add("Round", [nodes.add("Div", [outlier_values, outer_scale])])
     # the outliers' columns of the int8 weight, each once: Unique over the rows' TopK indices
     columns, _, slots, _ = nodes.add_many("Unique", [nodes.add("Reshape", [outlier_columns, nodes.constant(np.array([-1], np.int64))])],
@@ -105,22 +106,23 @@ def prompt_and_step_branches(input: ir.Value, step: ir.Node, bias: ir.Value | No
     return prompt, ir.Graph([], [stepped], nodes=[step, *nodes.taken()], name=f"{name}_step")
 
 
-def _row_scale(nodes: _Nodes, values: ir.Value) -> ir.Value:
-    """``max(|x_r|, 1e-30) / 127`` per row: the step of the row's int8 grid."""
-    largest = nodes.add("ReduceMax", [nodes.add("Abs", [values]), nodes.constant(np.array([-1], np.int64))], keepdims=1)
+def _row_scale(nodes: _Nodes, largest: ir.Value) -> ir.Value:
+    """``max(largest_r, 1e-30) / 127`` for each row's largest ``|x|`` (M, 1): the step of the row's int8 grid."""
     return nodes.add("Div", [nodes.add("Max", [largest, nodes.constant(np.array(_WO_TINY, np.float32))]),
                              nodes.constant(np.array(127, np.float32))])
 
 
-def _outliers_apart(nodes: _Nodes, rows: ir.Value, in_features: int) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """``(x_in, values, columns)`` of ``rows`` (M, K): each row's ``_WO_OUTLIERS_PER_ROW`` largest ``|x|`` (their values and
-    columns, (M, k)) and the row with zeros in their place (``WeightOnlyLinear._int8_product``'s decomposition)."""
+def _outliers_apart(nodes: _Nodes, rows: ir.Value, in_features: int) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """``(x_in, values, columns, largest)`` of ``rows`` (M, K): each row's ``_WO_OUTLIERS_PER_ROW`` largest ``|x|`` (their
+    values and columns, (M, k)), the row with zeros in their place (``WeightOnlyLinear._int8_product``'s decomposition)
+    and the largest ``|x|`` of each row (M, 1), which TopK sorted first."""
     outliers = min(_WO_OUTLIERS_PER_ROW, in_features)
-    _, columns = nodes.add_many("TopK", [nodes.add("Abs", [rows]), nodes.constant(np.array([outliers], np.int64))],
-                                outputs=2, axis=-1, largest=1, sorted=1)
+    magnitudes, columns = nodes.add_many("TopK", [nodes.add("Abs", [rows]), nodes.constant(np.array([outliers], np.int64))],
+                                         outputs=2, axis=-1, largest=1, sorted=1)
     values = nodes.add("GatherElements", [rows, columns], axis=1)
     inliers = nodes.add("ScatterElements", [rows, columns, nodes.add("ConstantOfShape", [nodes.add("Shape", [columns])])], axis=1)
-    return inliers, values, columns
+    largest = nodes.add("Slice", [magnitudes, *(nodes.constant(np.array([bound], np.int64)) for bound in (0, 1, 1))])  # starts, ends, axes
+    return inliers, values, columns, largest
 
 
 class _Nodes:

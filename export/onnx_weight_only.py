@@ -24,7 +24,8 @@ with ``W ≈ (B - zero_point) · scale`` block by block along ``K``:
   which is ``x ((q - z) s)^T`` exactly, since ``(q - z) s = (q - 8) s + o``; ``O`` is as many bytes as the scales;
 - int8 (per output channel): ``B`` is ``q + 128`` as uint8 in blocks of the largest of 256,
   128, 64, 32, 16 that divides ``K``, each row's one scale repeated over its blocks (the default
-  zero point, 128, undoes the shift). Exactly the module's ``q · s``.
+  zero point, 128, undoes the shift). Exactly the module's ``q · s``. The shifted codes are made
+  one layer at a time as the file is written (:func:`shift_int8_codes_on_write`).
 
 ``accuracy_level`` follows the layer's ``activations``: ``"int8"`` gives 4, the kernel rounding the
 activations to int8 per block (onnxruntime-genai's CPU models use it; the GraphModule rounds them
@@ -42,6 +43,7 @@ from __future__ import annotations
 import functools
 import operator
 
+import numpy as np
 import onnx_ir as ir
 import torch
 import torch.fx
@@ -166,8 +168,8 @@ def onnx_tensors(layer: WeightOnlyLinear) -> tuple[int, dict[str, torch.Tensor]]
         block = next((size for size in _INT8_BLOCKS if in_features % size == 0), None)
         if block is None:
             raise ValueError(f"{in_features} input features: MatMulNBits needs a block of 16 or more that divides them")
-        shifted = (layer.weight.to(torch.int16) + 128).to(torch.uint8)
-        tensors = {"weight": shifted.reshape(out_features, in_features // block, block),
+        # the int8 codes as they are (a view): the exporter's translation stores them shifted, each as it is written
+        tensors = {"weight": layer.weight.reshape(out_features, in_features // block, block),
                    "weight_scale": layer.weight_scale[:, None].expand(-1, in_features // block).reshape(-1).contiguous()}
     if layer.bias is not None:
         tensors["bias"] = layer.bias
@@ -219,6 +221,33 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule, int8_prompts: bool = Fal
     lowered.meta.update(gm.meta)
     indexed = [(target, gm.get_submodule(target)) for target in int8_layers]
     return lowered, {torch.ops.aot.weight_only_linear.default: _translation(indexed)}
+
+
+def shift_int8_codes_on_write(model: ir.Model) -> int:
+    """Have each int8 layer's codes ``q`` (int8, as the exporter took them from the lowered graph) stored as
+    ``MatMulNBits`` reads them, ``q + 128`` in uint8, each made as the file is written (an ``onnx_ir.LazyTensor``).
+
+    The exporter assigns every initializer the graph's own tensor once its nodes are translated, so the
+    shift cannot be made earlier, and made at once it would hold a second copy of every int8 layer beside
+    the graph's codes (1.2 GB for a 1B model). A weight several nodes read is shifted once. Returns how
+    many were."""
+    shifted = 0
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type != "MatMulNBits" or node.domain != _CONTRIB or node.attributes.get_int("bits", 4) != 8:
+            continue
+        weight = node.inputs[1]
+        codes = weight.const_value
+        if codes is None or codes.dtype != ir.DataType.INT8:
+            continue
+        weight.const_value = ir.LazyTensor(functools.partial(_shifted_by_128, codes, weight.name), dtype=ir.DataType.UINT8,
+                                           shape=codes.shape, name=weight.name)
+        weight.dtype = ir.DataType.UINT8
+        shifted += 1
+    return shifted
+
+
+def _shifted_by_128(codes: ir.TensorProtocol, name: str) -> ir.Tensor:
+    return ir.tensor((codes.numpy().astype(np.int16) + 128).astype(np.uint8), name=name)
 
 
 def _sees_prompts(graph: torch.fx.Graph, target: str) -> bool:

@@ -43,8 +43,8 @@ GEMMs whose int32 sums are the same, exactly (``_int8_sums``). Everywhere else, 
 which agrees with the kernels up to float rounding.
 
 The prepacked weight is derived state, never saved: it is dropped by copies,
-pickling and ``.to()``, and rebuilt when ``weight`` or ``weight_scale`` changes
-(``load_state_dict`` included). torch marks quantized tensors as deprecated; they
+pickling and a ``.to()`` that moves or converts its tensors, and rebuilt when
+``weight`` or ``weight_scale`` changes (``load_state_dict`` included). torch marks quantized tensors as deprecated; they
 exist here only inside the prepack call, and if a future torch drops the int8 ops
 the float formula is what runs.
 """
@@ -271,8 +271,10 @@ class Int8DynamicLinear(torch.nn.Module):
     # -- derived state stays out of copies, pickles and moves -------------------------------------
 
     def _apply(self, fn, recurse=True):
-        self._packed = None
-        return super()._apply(fn, recurse)
+        module = super()._apply(fn, recurse)
+        if self._packed is not None and not _int8_same_tensors(self._packed[0], self._packed_sources()):
+            self._packed = None  # moved or converted: the packed copy is of tensors this module no longer holds
+        return module
 
     def __getstate__(self):
         state = self.__dict__.copy()

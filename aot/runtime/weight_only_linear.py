@@ -72,9 +72,9 @@ How the product runs (``activations``):
 - ``"float"``: ``F.linear`` on the dequantized float32 weight ``(q - z) · s``, made once at the
   first call: float32 speed and memory, the codes' exact values (``accuracy_level=0``).
 
-What the kernels multiply by is derived state, never saved: dropped by copies, pickling and
-``.to()``, rebuilt when the weight changes; ``pack_now`` derives it ahead of the first calls, and
-``module.py``'s ``load`` then hands the codes' file pages back. Two forms of an int4 layer, for speed
+What the kernels multiply by is derived state, never saved: dropped by copies, pickling and a
+``.to()`` that moves or converts the weight, rebuilt when the weight changes; ``pack_now`` derives
+it ahead of the first calls, and ``module.py``'s ``load`` then hands the codes' file pages back. Two forms of an int4 layer, for speed
 (``benchmarks/weight_only_kernels.py``: 32 layers of 2048 x 8192 and back, larger than the caches;
 2-core AMD EPYC, AVX-512, torch 2.13, 2 threads): for one row ``_weight_int4pack_mm_for_cpu`` took
 8.96 ms against ``_int_mm``'s 14.1 ms; for 8 rows 27.9 against 43.0 ms; for 16 rows 57.8 against
@@ -106,8 +106,8 @@ _WO_FLOAT_GEMM_ROWS = 4  # fewer rows than this run torch._int_mm even without i
 
 
 # wo_quantize_int8, _wo_vnni and _wo_int8_sums are int8_linear.py's per-channel weights, _int8_vnni and _int8_sums
-# again (and _int8_product its per-token kernel, with each token's outliers on a grid of their own), on purpose: each aot.runtime module is pasted alone into a
-# module.py, so none may import another.
+# again (and _int8_product its per-token kernel, with each token's outliers on a grid of their own), on purpose:
+# each aot.runtime module is pasted alone into a module.py, so none may import another.
 @functools.cache  # the CPU does not change under a process
 def _wo_vnni() -> bool:
     """Whether this CPU has int8 dot products summing into int32 (x86's VNNI or AMX; any non-x86 CPU counts):
@@ -244,7 +244,7 @@ class WeightOnlyLinear(torch.nn.Module):
             self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=torch.float32, device=device), requires_grad=False)
         else:
             self.bias = None
-        self._packed = None  # {form: (weakref, data pointer and version of weight, derived_weight(form))}
+        self._packed = None  # {form: (weakrefs to derived_sources(), their data pointers and versions, derived_weight(form))}
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, bits: int = 4, group_size: int = 32, symmetric: bool = True,
@@ -323,12 +323,12 @@ class WeightOnlyLinear(torch.nn.Module):
         A prompt's rows gather: its outliers share few columns in a decoder."""
         count = rows.shape[0]
         outliers = min(_WO_OUTLIERS_PER_ROW, self.in_features)
-        where = rows.abs().topk(outliers, dim=1).indices
+        largest, where = rows.abs().topk(outliers, dim=1)  # sorted: the row's largest |x| first
         values = rows.gather(1, where)
         inliers = rows.scatter(1, where, 0.0)
         # x / a, as the ONNX model computes it (not x · (127 / max)), so that both round every value alike
         inner_scale = inliers.abs().amax(dim=1, keepdim=True).clamp_(min=_WO_TINY) / 127
-        outer_scale = values.abs().amax(dim=1, keepdim=True).clamp_(min=_WO_TINY) / 127
+        outer_scale = largest[:, :1].clamp(min=_WO_TINY) / 127
         inner = (inliers / inner_scale).round_().to(torch.int8)  # |x| <= max: within [-127, 127]
         outer = (values / outer_scale).round_()
         if count <= _WO_STACKED_ROWS and _wo_vnni():
@@ -347,9 +347,8 @@ class WeightOnlyLinear(torch.nn.Module):
         for ``activations="int8"`` int8 codes ``(out, in)`` and their float32 scales ``(out,)`` (``_int_mm``'s), for
         ``"float"`` the dequantized float32 weight (and None); ``form="int4_tiles"``: an int4 layer's codes in torch's
         int4 tiles and their bfloat16 scales and offsets ``(in/g, out, 2)`` (``_weight_int4pack_mm_for_cpu``'s)."""
-        stamp = (self.weight.data_ptr(), _wo_version(self.weight))
         cached = (self._packed or {}).get(form)
-        if cached is not None and cached[0]() is self.weight and cached[1] == stamp:
+        if cached is not None and self._derived_is_current(cached):
             return cached[2]
         with torch.no_grad():
             if form == "int4_tiles":
@@ -360,8 +359,28 @@ class WeightOnlyLinear(torch.nn.Module):
                 derived = (self.weight, self.weight_scale)
             else:  # int4 codes re-gridded per output channel, see the module doc
                 derived = self.int8_regrid()
-        self._packed = {**(self._packed or {}), form: (weakref.ref(self.weight), stamp, derived)}
+        sources = self.derived_sources()
+        stamps = [(tensor.data_ptr(), _wo_version(tensor)) for tensor in sources]
+        self._packed = {**(self._packed or {}), form: ([weakref.ref(tensor) for tensor in sources], stamps, derived)}
         return derived
+
+    def derived_sources(self):
+        """What the derived forms are made of: the codes, their scales and zero points (the bias is used as it is).
+        Once ``pack_now`` says the forms copy the codes, no kernel reads these again (``module.py``'s ``load`` hands
+        their file pages back)."""
+        buffers = self._buffers  # not getattr: a decode step checks every layer's sources (a missing name raises)
+        return [tensor for tensor in (buffers["weight"], buffers["weight_scale"], buffers.get("weight_zero")) if tensor is not None]
+
+    def _derived_is_current(self, cached) -> bool:
+        """Whether a derived form was made from the sources as they are now: the same tensors, storage and versions."""
+        references, stamps, _ = cached
+        sources = self.derived_sources()
+        if len(references) != len(sources):
+            return False
+        for reference, (pointer, version), tensor in zip(references, stamps, sources):
+            if reference() is not tensor or tensor.data_ptr() != pointer or _wo_version(tensor) != version:
+                return False
+        return True
 
     def pack_now(self) -> bool:
         """Derive now, not at the first calls, what the CPU kernels multiply by; whether that is a copy of the codes
@@ -418,8 +437,13 @@ class WeightOnlyLinear(torch.nn.Module):
     # -- derived state stays out of copies, pickles and moves -------------------------------------------------
 
     def _apply(self, fn, recurse=True):
-        self._packed = None
-        return super()._apply(fn, recurse)
+        module = super()._apply(fn, recurse)
+        # Kept when the move changed nothing (``.to("cpu")`` of a CPU module returns the same tensors): dropped, the
+        # forms would be derived again from the codes at the next calls, whose file pages ``module.py``'s load handed
+        # back would then be read in again and stay resident beside them.
+        current = {form: cached for form, cached in (self._packed or {}).items() if self._derived_is_current(cached)}
+        self._packed = current or None
+        return module
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -9,6 +9,8 @@ import onnx
 import onnxruntime
 import pytest
 import torch
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 from pydantic import ValidationError
 
 from aot.export.onnx_prompt_gemm import PROMPT_ROWS
@@ -119,6 +121,55 @@ def test_onnx_runtime_computes_what_the_graph_module_computes_on_either_side_of_
     else:
         error = np.abs(got - want).max() / scale
         assert 1e-5 < error < 0.02, f"MatMulNBits and torch's int4 kernel differ by {error:.2e} of the output's scale"
+
+
+class MatMulNBits(OpRun):
+    """com.microsoft's MatMulNBits as its contrib-op spec defines it, for ``onnx.reference`` (which has no such op; it
+    finds an op by its class's name):
+    ``a @ ((q - z) · s)^T``, q two 4-bit codes a byte (the even column low), z 8 or the stored zero points."""
+
+    op_domain = "com.microsoft"
+
+    def _run(self, a, b, scales, zero_points=None, *unused, K=None, N=None, bits=4, block_size=32, accuracy_level=0):
+        groups = K // block_size
+        codes = np.stack([b & 15, b >> 4], axis=-1).reshape(N, groups, block_size).astype(np.float32)
+        if zero_points is None:
+            zero = np.full((N, groups), 8, np.float32)
+        elif zero_points.dtype == np.uint8:
+            zero = np.stack([zero_points & 15, zero_points >> 4], axis=-1).reshape(N, -1)[:, :groups].astype(np.float32)
+        else:
+            zero = zero_points.reshape(N, groups)
+        weight = ((codes - zero[..., None]) * scales.reshape(N, groups)[..., None]).reshape(N, K)
+        return (a @ weight.T,)
+
+
+class GatherElements(OpRun):
+    """``np.take_along_axis``: onnx.reference's own GatherElements fails on (M, k) indices into (M, K) data (onnx 1.2x:
+    "cannot reshape array of size 9 into shape (9,8)")."""
+
+    op_domain = ""
+
+    def _run(self, data, indices, axis=0):
+        return (np.take_along_axis(data, indices, axis=axis),)
+
+
+@pytest.mark.parametrize("shape", [(1, 9), (3, 7), (2, 40)], ids=lambda shape: f"{shape[0]}x{shape[1]}")
+def test_the_prompt_branch_computes_the_graph_modules_int8_sums_on_any_cpu(exported, shape):
+    """ONNX's own reference evaluator (exact integer MatMulInteger, no uint8 saturation) runs the prompt branch where
+    ONNX Runtime cannot be trusted to (CPUs without VNNI): the same int8 sums as the GraphModule, so the same output
+    to float32 rounding, with each row's outliers far off the rest."""
+    graph_module, model, _ = exported
+    evaluator = ReferenceEvaluator(model, new_ops=[MatMulNBits, GatherElements])
+    torch.manual_seed(1)
+    x = torch.randn(*shape, 64)
+    x[..., [5, 40]] *= 30  # two outlier channels in every row
+    assert shape[0] * shape[1] > PROMPT_ROWS, "precondition: the prompt branch"
+    with torch.no_grad():
+        want = graph_module(x).numpy()
+    (got,) = evaluator.run(None, {"input": x.numpy()})
+    scale = np.abs(want).max()
+    assert scale > 0.1, "precondition: outputs far from zero"
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * scale)
 
 
 def test_without_the_option_no_layer_branches_and_no_int8_weights_are_stored(tmp_path):

@@ -108,6 +108,12 @@ def test_asymmetric_int4_and_int8_layers_run_in_onnx_runtime_as_in_torch(tmp_pat
     onnx.checker.check_model(model_proto)
     matmul_nbits = [node for node in model_proto.graph.node if node.op_type == "MatMulNBits"]
     assert len(matmul_nbits) == len(layers)
+    if bits == 8:  # stored shifted, one layer at a time as the file is written: the module's codes plus 128
+        initializers = {tensor.name: onnx.numpy_helper.to_array(tensor) for tensor in model_proto.graph.initializer}
+        for node, layer in zip(matmul_nbits, layers):
+            stored = initializers[node.input[1]]
+            assert stored.dtype == np.uint8
+            np.testing.assert_array_equal(stored.reshape(layer.out_features, -1).astype(np.int16) - 128, layer.weight.numpy())
     if zero_point == "float":  # MatMulNBits with float zero points dequantizes the whole weight at every call
         assert [len(node.input) for node in matmul_nbits] == [3], "the default zero point"
         assert {"ReduceSum", "MatMul"} <= {node.op_type for node in model_proto.graph.node}, "the offsets' product"

@@ -180,6 +180,16 @@ def test_the_prepacked_weight_is_derived_state():
         torch.testing.assert_close(layer(x), -before + 2 * layer.bias, rtol=1e-4, atol=1e-4)
 
 
+def test_an_int8_layer_keeps_its_prepacked_weight_through_a_move_that_changes_nothing():
+    torch.manual_seed(0)
+    layer = Int8DynamicLinear.from_linear(nn.Linear(16, 8)).eval()
+    packed = layer.packed_params()
+    assert layer._packed is not None, "precondition: prepacked"
+    assert layer.to("cpu").float()._packed[1] is packed
+    layer.double()
+    assert layer._packed is None, "the bias converted: its prepacked copy goes"
+
+
 @pytest.mark.parametrize("activations", ["per_tensor", "per_token"])
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_bert_in_int8_stays_close_to_eager_at_several_shapes(attn_implementation, activations):

@@ -258,6 +258,27 @@ def test_pack_now_derives_the_kernels_forms_and_says_whether_they_copy_the_codes
     assert all(layer._packed[form][2] is derived for form, derived in before.items()), "the calls used what load derived"
 
 
+def test_a_move_that_changes_nothing_keeps_what_was_derived_and_a_conversion_drops_it():
+    """``module.py``'s load derives the kernels' forms, then hands the codes' pages back; ``.to("cpu")`` of the loaded
+    module (the build's validation makes one) must not make every layer derive them again from those pages."""
+    torch.manual_seed(0)
+    layer = WeightOnlyLinear.from_linear(nn.Linear(64, 32, bias=False), 4, 32, False)
+    layer.pack_now()
+    derived = {form: cached[2] for form, cached in layer._packed.items()}
+    assert sorted(derived) == ["gemm", "int4_tiles"], "precondition: both forms derived"
+    layer.to("cpu").float()
+    assert {form: cached[2] for form, cached in layer._packed.items()} == derived, "the very same derived tensors"
+    x = torch.randn(20, 64)
+    with torch.no_grad():
+        before = layer(x)
+        layer.double()  # the scales convert: what was derived from the float32 ones goes
+        assert layer._packed is None
+        layer.float()
+        torch.testing.assert_close(layer(x), before, rtol=0, atol=0)
+        layer.weight_scale.mul_(2)  # changed in place: derived again
+        torch.testing.assert_close(layer(x), before * 2, rtol=0, atol=0)  # every scale a power of two times the old
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_float_activations_compute_the_codes_exact_values(bits):
     torch.manual_seed(0)
