@@ -44,9 +44,9 @@ which agrees with the kernels up to float rounding.
 
 The prepacked weight is derived state, never saved: it is dropped by copies,
 pickling and a ``.to()`` that moves or converts its tensors, and rebuilt when
-``weight`` or ``weight_scale`` changes (``load_state_dict`` included). torch marks quantized tensors as deprecated; they
-exist here only inside the prepack call, and if a future torch drops the int8 ops
-the float formula is what runs.
+``weight`` or ``weight_scale`` changes (``load_state_dict`` included). torch marks
+quantized tensors as deprecated; they exist here only inside the prepack call, and
+if a future torch drops the int8 ops the float formula is what runs.
 """
 
 import functools

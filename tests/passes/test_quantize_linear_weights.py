@@ -242,6 +242,20 @@ def test_int4_tiles_are_made_a_block_of_rows_at_a_time_as_for_the_whole_weight()
     assert torch.equal(scales_and_offsets, torch.stack([layer.weight_scale.t(), offsets.t()], -1).bfloat16())
 
 
+@pytest.mark.parametrize("quantize", [wo_quantize_int8, lambda weight: wo_quantize_int4(weight, 32, False, True)], ids=["int8", "int4"])
+def test_a_wide_weight_is_quantised_a_block_of_rows_at_a_time_as_in_one_go(quantize, monkeypatch):
+    torch.manual_seed(0)
+    rows = 2 * weight_only_linear._WO_ROWS_PER_BLOCK + 300  # three blocks, the last one short
+    weight = torch.randn(rows, 64, dtype=torch.bfloat16)
+    blocked = quantize(weight)
+    monkeypatch.setattr(weight_only_linear, "_WO_ROWS_PER_BLOCK", rows)
+    monkeypatch.setattr(weight_only_linear.wo_by_rows, "__defaults__", (rows,))
+    whole = quantize(weight)
+    assert len(blocked) == len(whole) >= 2 and blocked[0].shape[0] == rows
+    for part, expected in zip(blocked, whole):
+        assert part.dtype == expected.dtype and torch.equal(part, expected)
+
+
 @pytest.mark.parametrize("bits,activations,copies_the_codes", [(4, "int8", True), (8, "int8", False), (8, "float", True)])
 def test_pack_now_derives_the_kernels_forms_and_says_whether_they_copy_the_codes(bits, activations, copies_the_codes):
     """What ``module.py``'s load may hand back to the weights file: codes that no kernel reads any more."""
