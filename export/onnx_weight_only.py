@@ -247,7 +247,9 @@ def shift_int8_codes_on_write(model: ir.Model) -> int:
 
 
 def _shifted_by_128(codes: ir.TensorProtocol, name: str) -> ir.Tensor:
-    return ir.tensor((codes.numpy().astype(np.int16) + 128).astype(np.uint8), name=name)
+    # q + 128 as a byte is q's two's-complement byte with its top bit flipped: one uint8 array made, where widening to
+    # int16 and adding made two int16 ones first (the 1B's lm_head: 2 x 501 MiB at once, in the export child)
+    return ir.tensor(np.bitwise_xor(codes.numpy().view(np.uint8), np.uint8(0x80)), name=name)
 
 
 def _sees_prompts(graph: torch.fx.Graph, target: str) -> bool:
