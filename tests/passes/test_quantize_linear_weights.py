@@ -248,8 +248,7 @@ def test_a_wide_weight_is_quantised_a_block_of_rows_at_a_time_as_in_one_go(quant
     rows = 2 * weight_only_linear._WO_ROWS_PER_BLOCK + 300  # three blocks, the last one short
     weight = torch.randn(rows, 64, dtype=torch.bfloat16)
     blocked = quantize(weight)
-    monkeypatch.setattr(weight_only_linear, "_WO_ROWS_PER_BLOCK", rows)
-    monkeypatch.setattr(weight_only_linear.wo_by_rows, "__defaults__", (rows,))
+    monkeypatch.setattr(weight_only_linear.wo_by_rows, "__defaults__", (rows,))  # one block
     whole = quantize(weight)
     assert len(blocked) == len(whole) >= 2 and blocked[0].shape[0] == rows
     for part, expected in zip(blocked, whole):
