@@ -74,14 +74,15 @@ How the product runs (``activations``):
 
 What the kernels multiply by is derived state, never saved: dropped by copies, pickling and a
 ``.to()`` that moves or converts the weight, rebuilt when the weight changes; ``pack_now`` derives
-it ahead of the first calls, and ``module.py``'s ``load`` then hands the codes' file pages back.
-Two forms of an int4 layer, for speed (``benchmarks/weight_only_kernels.py``: 32 layers of 2048 x
-8192 and back, larger than the caches; 2-core AMD EPYC, AVX-512, torch 2.13, 2 threads): for one
-row ``_weight_int4pack_mm_for_cpu`` took 8.96 ms against ``_int_mm``'s 14.1 ms; for 8 rows 27.9 against 43.0 ms; for 16 rows 57.8 against
-47.7 ms; for 128 rows 465 against 174 ms. torch's int4 kernel is slow on float32 activations (12.0 ms
-for one 2048 x 8192 layer, against 0.22 ms on bfloat16): hence the rounding. Off the CPU, for other
-dtypes, with gradients, and whenever ``torch.compile``/``torch.export`` trace it, the module
-computes the float formula: dequantize, then ``F.linear``.
+it ahead of the first calls, and ``module.py``'s ``load`` then hands the codes' file pages back. Two
+forms of an int4 layer, for speed (``benchmarks/weight_only_kernels.py``: 32 layers of 2048 x 8192
+and back, larger than the caches; 2-core AMD EPYC, AVX-512, torch 2.13, 2 threads): for one row
+``_weight_int4pack_mm_for_cpu`` took 8.96 ms against ``_int_mm``'s 14.1 ms; for 8 rows 27.9 against
+43.0 ms; for 16 rows 57.8 against 47.7 ms; for 128 rows 465 against 174 ms. torch's int4 kernel is
+slow on float32 activations (12.0 ms for one 2048 x 8192 layer, against 0.22 ms on bfloat16): hence
+the rounding. Off the CPU, for other dtypes, with gradients, and whenever
+``torch.compile``/``torch.export`` trace it, the module computes the float formula: dequantize, then
+``F.linear``.
 """
 
 import functools
