@@ -373,6 +373,10 @@ class FidelitySpec(_Strict):
         "with the tokenizer the build ships (generation.tokenizer, or the pretrained model's).",
     )
     max_prompt_tokens: int = Field(48, ge=2, description="Each prompt is cut to this many tokens: the positions scored.")
+    max_prompts: int | None = Field(
+        None, ge=1, description="Score only the file's first this many prompts (all when left out): the gate's time "
+        "grows with each, and a large decoder's eager reference is most of its build.",
+    )
     new_tokens: int = Field(16, ge=1, description="Tokens each artifact generates greedily per prompt for `min_greedy_agreement`.")
     max_kl_mean: float | None = Field(
         None, gt=0, allow_inf_nan=False,

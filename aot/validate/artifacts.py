@@ -468,7 +468,7 @@ def fidelity_reference(plan: FidelityPlan | None) -> Callable[[torch.nn.Module],
     from aot.models import load_tokenizer
 
     fidelity = plan.spec
-    prompts = tokenized_prompts(text_lines(plan.prompts_path), load_tokenizer(plan.tokenizer), fidelity.max_prompt_tokens)
+    prompts = tokenized_prompts(text_lines(plan.prompts_path)[: fidelity.max_prompts], load_tokenizer(plan.tokenizer), fidelity.max_prompt_tokens)
     if not prompts:
         raise plan.locator.error(("generation", "fidelity", "prompts"), "no prompt of two tokens or more")
     thresholds = metric_thresholds(fidelity.model_dump())

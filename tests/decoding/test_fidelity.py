@@ -94,7 +94,8 @@ def test_a_perturbed_step_fails_the_metrics_it_misses_and_names_them():
 def test_metric_directions_cover_every_threshold_of_the_recipe():
     from aot.recipe.schema import FidelitySpec
 
-    assert {key for key, _ in METRICS.values()} == {name for name in FidelitySpec.model_fields if name.startswith(("max_", "min_")) and name != "max_prompt_tokens"}
+    assert {key for key, _ in METRICS.values()} == {name for name in FidelitySpec.model_fields if name.startswith(("max_", "min_"))
+                                                 and name not in {"max_prompt_tokens", "max_prompts"}}
     ceilings = FidelityResult("a", 1, 1, metrics={"kl_mean": 0.2, "top1_agreement": 0.95}, thresholds={"kl_mean": 0.1, "top1_agreement": 0.9})
     assert ceilings.failed == ["kl_mean"]
     assert FidelityResult("a", 1, 1, metrics={}, thresholds={"kl_max": 1.0}).failed == ["kl_max"], "a missing metric fails"
@@ -130,3 +131,28 @@ def test_an_artifact_short_of_the_gate_fails_the_build_naming_the_metric(int4_re
     assert result.exit_code == 5, result.described
     assert "fidelity gate: kl_mean 0.0" in result.stderr and "above 0.0005" in result.stderr, result.stderr
     assert not (int4_recipe.parent / "out").exists()
+
+
+def test_max_prompts_scores_only_the_files_first_prompts(int4_recipe):
+    from aot.recipe.load import load_recipe
+    from aot.recipe.plan import plan_build
+    from aot.validate.artifacts import fidelity_reference
+
+    import transformers
+
+    # a one-layer Llama over the shipped tokenizer's vocabulary: the reference runs it on each prompt it keeps
+    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2)
+    torch.manual_seed(0)
+    causal_lm = transformers.LlamaForCausalLM(config).eval()
+
+    def prompts_scored(recipe: Path) -> int:
+        plan = plan_build(load_recipe(recipe)).validation.fidelity
+        return len(fidelity_reference(plan)(causal_lm).prompts)
+
+    text = int4_recipe.read_text()
+    assert "    prompts: data/prompts.txt" in text and "max_prompts" not in text, "precondition: every prompt scored"
+    every = prompts_scored(int4_recipe)
+    assert every > 3, "precondition: the shipped file holds more prompts than the cut"
+    int4_recipe.write_text(text.replace("    prompts: data/prompts.txt", "    max_prompts: 3\n    prompts: data/prompts.txt", 1))
+    assert prompts_scored(int4_recipe) == 3
