@@ -16,7 +16,11 @@ of rows (tokens) in the call:
 - ``int8pack``: ``torch._weight_int8pack_mm`` on bfloat16 activations;
 - ``bf16``: ``F.linear`` on bfloat16 weights (eager bfloat16);
 - ``matmul_nbits_32`` / ``_64`` / ``_128``: ONNX Runtime's int4 ``MatMulNBits`` at ``accuracy_level``
-  4, by block size (the ONNX model's).
+  4, by block size (the ONNX model's);
+- ``wo_int4`` / ``wo_int8``: ``module.py``'s own ``WeightOnlyLinear`` layers (int4 in asymmetric groups
+  of 32, int8 per channel), each call the kernel the layer chooses for its rows on this CPU;
+  ``wo_int4_gemm`` / ``wo_int8_gemm``: the same layers held to their int8 GEMMs at every row count
+  (each row on two int8 grids; exact float32 sums where the CPU has no int8 dot products).
 
 Codes and scales are random: the kernels' time does not depend on the values. Nothing else should
 run on the machine meanwhile.
@@ -34,9 +38,10 @@ import time
 from aot.build.manifest import cpu_model
 
 IN, OUT = 2048, 8192
-TORCH_KERNELS = ("int4_tiles", "int_mm", "int8pack", "bf16")
+TORCH_KERNELS = ("int4_tiles", "int_mm", "int8pack", "bf16", "wo_int4", "wo_int4_gemm", "wo_int8", "wo_int8_gemm")
 ORT_KERNELS = ("matmul_nbits_32", "matmul_nbits_64", "matmul_nbits_128")
-BYTES_PER_WEIGHT = {"int4_tiles": 0.5 + 4 / 32, "int_mm": 1, "int8pack": 1, "bf16": 2,
+BYTES_PER_WEIGHT = {"int4_tiles": 0.5 + 4 / 32, "int_mm": 1, "int8pack": 1, "bf16": 2, "wo_int4": 0.5 + 4 / 32, "wo_int4_gemm": 1,
+                    "wo_int8": 1, "wo_int8_gemm": 1,
                     "matmul_nbits_32": 0.5 + 4 / 32, "matmul_nbits_64": 0.5 + 4 / 64, "matmul_nbits_128": 0.5 + 4 / 128}
 
 
@@ -49,9 +54,22 @@ def _torch_stack(kernel: str, pairs: int, threads: int):
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    if kernel.endswith("_gemm"):
+        from aot.runtime import weight_only_linear
+
+        weight_only_linear._WO_INT4_KERNEL_ROWS = weight_only_linear._WO_BF16_KERNEL_ROWS = 0  # no call takes torch's kernels
     layers = []
     for inputs, outputs in _shapes(pairs):
-        if kernel == "int4_tiles":
+        if kernel.startswith("wo_"):
+            from aot.runtime import WeightOnlyLinear
+
+            bits = 4 if kernel.startswith("wo_int4") else 8
+            linear = torch.nn.Linear(inputs, outputs, bias=False)
+            torch.nn.init.normal_(linear.weight, 0.0, 0.02)
+            module = WeightOnlyLinear.from_linear(linear, bits, 32, symmetric=bits == 8)
+            module.pack_now()
+            layers.append((module, None))
+        elif kernel == "int4_tiles":
             codes = torch.randint(0, 16, (outputs, inputs), dtype=torch.int32)
             scales_and_offsets = (torch.rand(inputs // 32, outputs, 2) * 1e-3).to(torch.bfloat16)
             layers.append((torch._convert_weight_to_int4pack_for_cpu(codes, 1), scales_and_offsets))
@@ -63,6 +81,8 @@ def _torch_stack(kernel: str, pairs: int, threads: int):
             layers.append(((torch.randn(outputs, inputs) * 0.02).to(torch.bfloat16), None))
 
     def layer(x, weight, scale):
+        if kernel.startswith("wo_"):
+            return weight(x)
         if kernel == "int4_tiles":
             return torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), weight, 32, scale).float()
         if kernel == "int_mm":

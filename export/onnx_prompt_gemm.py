@@ -39,7 +39,7 @@ import onnx_ir as ir
 
 from aot.runtime.weight_only_linear import _WO_INT4_KERNEL_ROWS, _WO_OUTLIERS_PER_ROW, _WO_TINY, WeightOnlyLinear
 
-PROMPT_ROWS = _WO_INT4_KERNEL_ROWS  # calls of more rows take the int8 GEMM, as in the GraphModule
+PROMPT_ROWS = _WO_INT4_KERNEL_ROWS  # calls of more rows take the int8 GEMM, as in the GraphModule where the CPU has int8 dot products
 
 
 def int8_prompt_tensors(layer: WeightOnlyLinear, name: str) -> tuple[ir.Value, ir.Value]:

@@ -42,17 +42,21 @@ makes these does not preserve the computation and a recipe using it is gated on 
 
 How the product runs (``activations``):
 
-- ``"int8"`` (the default), the fast path on CPUs, by the number of rows (tokens) in the call:
+- ``"int8"`` (the default), the fast path on CPUs, by the number of rows (tokens) in the call and
+  whether the CPU has int8 dot products (x86's VNNI or AMX, ``_wo_vnni``):
 
-  - a few rows (at most ``_WO_INT4_KERNEL_ROWS``: a decode step), int4 layers only: torch's int4
-    kernel ``_weight_int4pack_mm_for_cpu`` reads the int4 codes themselves (half the bytes of int8)
-    with the activations rounded to bfloat16 (8 significant bits) and the scales too (and, when
-    asymmetric, the zero point as the offset ``(8 - z) · s``). Its tiles are torch's own layout of
-    the same codes, made once (by ``pack_now`` or at the first such call).
-  - more rows (a prompt), and every int8 layer: each row is rounded to int8 on two grids, its
-    ``_WO_OUTLIERS_PER_ROW`` largest ``|x_rk|`` (``x_out``) on one of scale ``b_r = max_k |x_rk| / 127``,
-    the rest (``x_in``) on a finer one, ``a_r = max_k |x_in,rk| / 127``, and both are multiplied
-    with int8 weights by ``torch._int_mm`` (int8 x int8 -> int32), then scaled::
+  - up to ``_WO_INT4_KERNEL_ROWS`` rows with them (8: a decode step), ``_WO_BF16_KERNEL_ROWS`` without
+    (128: a decode step and most prompts), torch's weight-only kernels on the activations rounded
+    to bfloat16 (8 significant bits), their results in bfloat16 too. An int4 layer through
+    ``_weight_int4pack_mm_for_cpu``, which reads the int4 codes themselves (half the bytes of int8)
+    with the scales in bfloat16 (and, when asymmetric, the zero point as the offset ``(8 - z) · s``);
+    its tiles are torch's own layout of the same codes, made once (by ``pack_now`` or at the first
+    such call). An int8 layer, without int8 dot products only, through ``_weight_int8pack_mm`` on the
+    codes as stored, its channel scales applied after in float32.
+  - more rows (a longer prompt), and with int8 dot products every int8 layer: each row is rounded
+    to int8 on two grids, its ``_WO_OUTLIERS_PER_ROW`` largest ``|x_rk|`` (``x_out``) on one of scale
+    ``b_r = max_k |x_rk| / 127``, the rest (``x_in``) on a finer one, ``a_r = max_k |x_in,rk| / 127``,
+    and both are multiplied with int8 weights by ``torch._int_mm`` (int8 x int8 -> int32), then scaled::
 
         y_rn = c_n · (a_r Σ_k round(x_in,rk / a_r) q8_nk + b_r Σ_k round(x_out,rk / b_r) q8_nk) + b_n
 
@@ -80,7 +84,13 @@ and back, larger than the caches; 2-core AMD EPYC, AVX-512, torch 2.13, 2 thread
 ``_weight_int4pack_mm_for_cpu`` took 8.96 ms against ``_int_mm``'s 14.1 ms; for 8 rows 27.9 against
 43.0 ms; for 16 rows 57.8 against 47.7 ms; for 128 rows 465 against 174 ms. torch's int4 kernel is
 slow on float32 activations (12.0 ms for one 2048 x 8192 layer, against 0.22 ms on bfloat16): hence
-the rounding. Off the CPU, for other dtypes, with gradients, and whenever
+the rounding. Without int8 dot products ``torch._int_mm`` loops slowly and the exact float32 sums that
+stand in for it (``_wo_int8_sums``) widen the codes at every call, so torch's weight-only kernels win
+up to ``_WO_BF16_KERNEL_ROWS`` rows (``benchmarks/weight_only_kernels.py``'s ``wo_`` kernels: 8 layers of
+2048 x 8192 and back; 2-core AMD EPYC without AVX-512, torch 2.13, 2 threads): for one row an int8
+layer took 15.5 ms against its int8 GEMMs' 95.0; for 9 rows 54.7 against 399 (an int4 layer 69.3
+against 254); for 128 rows 640 against 929 (731 against 860); at 256 rows the GEMMs won, 0.89x (one
+process, the two alternated, 1 thread, beside other jobs). Off the CPU, for other dtypes, with gradients, and whenever
 ``torch.compile``/``torch.export`` trace it, the module computes the float formula: dequantize, then
 ``F.linear``.
 """
@@ -98,7 +108,9 @@ _WO_ACTIVATIONS = ("int8", "float")
 _WO_ZERO_POINTS = ("integer", "float")
 _WO_TINY = 1e-30
 _WO_ROWS_PER_BLOCK = 1024  # rows quantised, re-gridded or tiled at once (a multiple of the int4 tiles' 64 rows)
-_WO_INT4_KERNEL_ROWS = 8  # calls with at most this many rows run torch's int4 kernel; see the module doc
+_WO_INT4_KERNEL_ROWS = 8  # with int8 dot products, calls with at most this many rows run torch's int4 kernel; see the module doc
+_WO_BF16_KERNEL_ROWS = 128  # without them, calls with at most this many rows run torch's weight-only kernels; see the module doc
+_WO_INT8PACK_DEPTH = 32  # _weight_int8pack_mm takes layers whose in_features this divides; see _weight_only_kernel_fits
 _WO_INT4_TILE_ROWS = 16  # _convert_weight_to_int4pack_for_cpu needs a multiple of 16 output rows
 _WO_EXACT_DEPTH = 1040  # 1040 · 127² < 2^24: float32 sums that many int8 products exactly (see _wo_int8_sums)
 _WO_OUTLIERS_PER_ROW = 8  # each row's largest activations, on an int8 grid of their own; see _int8_product
@@ -306,9 +318,8 @@ class WeightOnlyLinear(torch.nn.Module):
         if self.activations == "float":
             return F.linear(input, self.derived_weight()[0], self.bias)
         rows = input.reshape(-1, self.in_features)
-        if self._int4_kernel_fits(rows):
-            tiles, scales_and_offsets = self.derived_weight("int4_tiles")
-            output = torch._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), tiles, self.group_size, scales_and_offsets).float()
+        if self._weight_only_kernel_fits(rows):
+            output = self._weight_only_kernel(rows)
             if self.bias is not None:
                 output.add_(self.bias)
             return output.reshape(*input.shape[:-1], self.out_features)
@@ -319,6 +330,17 @@ class WeightOnlyLinear(torch.nn.Module):
         else:
             torch.addcmul(self.bias, output, scale, out=output)
         return output.reshape(*input.shape[:-1], self.out_features)
+
+    def _weight_only_kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows @ ((q - z) s)^T`` by torch's kernel for the codes as stored, on ``rows`` rounded to bfloat16: int4
+        through its tiles, int8 by ``_weight_int8pack_mm`` with unit scales and the channel scales applied after, in
+        float32 (its own would round them to bfloat16 too)."""
+        activations = rows.to(torch.bfloat16)
+        if self.bits == 4:
+            tiles, scales_and_offsets = self.derived_weight("int4_tiles")
+            return torch._weight_int4pack_mm_for_cpu(activations, tiles, self.group_size, scales_and_offsets).float()
+        units = torch.ones(self.out_features, dtype=torch.bfloat16)
+        return torch._weight_int8pack_mm(activations, self.weight, units).float().mul_(self.weight_scale)
 
     def _int8_product(self, rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """``x @ codes^T`` for ``rows`` (M, in) through the int8 GEMM, before the channel scales, each row on two int8
@@ -404,7 +426,7 @@ class WeightOnlyLinear(torch.nn.Module):
         if not self._use_kernel(probe):
             return False
         self.derived_weight()
-        if self._int4_kernel_fits(probe):
+        if self.bits == 4 and self._weight_only_kernel_fits(probe):
             self.derived_weight("int4_tiles")
         return self.activations == "float" or self.bits == 4
 
@@ -444,9 +466,16 @@ class WeightOnlyLinear(torch.nn.Module):
             return False
         return self.activations == "float" or hasattr(torch, "_int_mm")
 
-    def _int4_kernel_fits(self, rows: torch.Tensor) -> bool:
-        return (self.bits == 4 and rows.shape[0] <= _WO_INT4_KERNEL_ROWS and self.out_features % _WO_INT4_TILE_ROWS == 0
-                and hasattr(torch, "_weight_int4pack_mm_for_cpu"))
+    def _weight_only_kernel_fits(self, rows: torch.Tensor) -> bool:
+        """Whether a call of ``rows`` runs :meth:`_weight_only_kernel` (see the module doc for when). int8 layers only
+        without int8 dot products (not measured with them), and only those whose ``in_features`` ``_WO_INT8PACK_DEPTH``
+        divides: with 60 or 100, ``_weight_int8pack_mm`` summed wrongly for more than one row, or crashed (torch 2.13,
+        AVX2), with multiples of 8 it summed right."""
+        if rows.shape[0] > (_WO_INT4_KERNEL_ROWS if _wo_vnni() else _WO_BF16_KERNEL_ROWS):
+            return False
+        if self.bits == 4:
+            return self.out_features % _WO_INT4_TILE_ROWS == 0 and hasattr(torch, "_weight_int4pack_mm_for_cpu")
+        return not _wo_vnni() and self.in_features % _WO_INT8PACK_DEPTH == 0 and hasattr(torch, "_weight_int8pack_mm")
 
     # -- derived state stays out of copies, pickles and moves -------------------------------------------------
 

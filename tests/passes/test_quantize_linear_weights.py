@@ -130,13 +130,18 @@ def test_int8_codes_are_per_channel_within_half_a_step():
 @pytest.mark.parametrize("bits,group_size,symmetric,zero_point",
                          [(4, 32, True, "integer"), (4, 64, False, "integer"), (4, 64, False, "float"), (4, 256, True, "integer"),
                           (8, 32, True, "integer")])
-@pytest.mark.parametrize("rows", [1, 7, 130])
-def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group_size, symmetric, zero_point, rows):
+@pytest.mark.parametrize("rows,dot_products", [(1, True), (7, True), (130, True), (130, False)])
+def test_int8_activations_run_int8_gemms_on_codes_within_half_a_step(bits, group_size, symmetric, zero_point, rows, dot_products,
+                                                                     monkeypatch):
+    """Any int8 layer's call on a CPU with int8 dot products, and more rows than the weight-only kernels take on one
+    without (90 output rows: no whole int4 tiles, so the int4 layers never take theirs)."""
+    monkeypatch.setattr(weight_only_linear, "_wo_vnni", lambda: dot_products)
     torch.manual_seed(0)
     linear = nn.Linear(256, 90)
     layer = WeightOnlyLinear.from_linear(linear, bits, group_size, symmetric, zero_point=zero_point)
     x = torch.randn(rows, 256)
     assert layer.activations == "int8" and layer._use_kernel(x), "precondition: float32 on the CPU runs torch._int_mm"
+    assert not layer._weight_only_kernel_fits(x), "precondition: no weight-only kernel takes the call"
     with torch.no_grad():
         output = layer(x)
         codes, scale = layer.derived_weight()
@@ -208,7 +213,7 @@ def test_a_decode_steps_few_rows_run_torchs_int4_kernel_on_the_int4_codes(group_
         linear.weight.add_(0.03)  # off-centre weights: asymmetric zero points differ from 8
     layer = WeightOnlyLinear.from_linear(linear, 4, group_size, symmetric, zero_point=zero_point)
     x = torch.randn(rows, 512)
-    assert rows <= weight_only_linear._WO_INT4_KERNEL_ROWS and layer._int4_kernel_fits(x), "precondition: the int4 kernel runs"
+    assert rows <= weight_only_linear._WO_INT4_KERNEL_ROWS and layer._weight_only_kernel_fits(x), "precondition: the int4 kernel runs"
     if not symmetric:
         assert (layer.zero_points() != 8).any(), "precondition: zero points other than 8"
     with torch.no_grad():
@@ -220,15 +225,37 @@ def test_a_decode_steps_few_rows_run_torchs_int4_kernel_on_the_int4_codes(group_
     assert (output - exact).abs().max() <= exact.abs().max() * 2**-7
 
 
-def test_more_rows_than_a_decode_step_and_untileable_layers_run_int8_gemms():
+@pytest.mark.parametrize("dot_products", [True, False], ids=["int8_dot_products", "none"])
+def test_more_rows_than_the_weight_only_kernels_take_and_untileable_layers_run_int8_gemms(dot_products, monkeypatch):
+    monkeypatch.setattr(weight_only_linear, "_wo_vnni", lambda: dot_products)
     torch.manual_seed(0)
     tileable = WeightOnlyLinear.from_linear(nn.Linear(64, 32), 4, 32, True)
     untileable = WeightOnlyLinear.from_linear(nn.Linear(64, 40), 4, 32, True)  # 40 output rows: no whole tiles of 16
     int8 = WeightOnlyLinear.from_linear(nn.Linear(64, 32), 8, 32, True)
-    prompt = torch.randn(weight_only_linear._WO_INT4_KERNEL_ROWS + 1, 64)
+    narrow_int8 = WeightOnlyLinear.from_linear(nn.Linear(60, 32), 8, 32, True)  # 60 inputs: no _weight_int8pack_mm
+    most = weight_only_linear._WO_INT4_KERNEL_ROWS if dot_products else weight_only_linear._WO_BF16_KERNEL_ROWS
+    prompt, wide = torch.randn(most + 1, 64), torch.randn(most + 1, 60)
     with torch.no_grad():
-        tileable(prompt), untileable(prompt[:1]), int8(prompt[:1])
-    assert [list(layer._packed) for layer in (tileable, untileable, int8)] == [["gemm"]] * 3
+        tileable(prompt), untileable(prompt[:1]), int8(prompt), narrow_int8(wide[:1])
+    assert [list(layer._packed) for layer in (tileable, untileable, int8, narrow_int8)] == [["gemm"]] * 4
+
+
+@pytest.mark.parametrize("rows", [1, 9, weight_only_linear._WO_BF16_KERNEL_ROWS])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_without_int8_dot_products_calls_of_up_to_128_rows_run_torchs_weight_only_kernels(bits, rows, monkeypatch):
+    """Where ``torch._int_mm`` loops slowly: bfloat16 activations, the int4 tiles or the int8 codes as stored, within
+    bfloat16's rounding of the output (2^-8) of the codes' float formula on those activations."""
+    monkeypatch.setattr(weight_only_linear, "_wo_vnni", lambda: False)
+    torch.manual_seed(0)
+    linear = nn.Linear(512, 96)
+    layer = WeightOnlyLinear.from_linear(linear, bits, 32, bits == 8)
+    x = torch.randn(rows, 512)
+    assert layer._weight_only_kernel_fits(x), "precondition: a weight-only kernel runs"
+    with torch.no_grad():
+        output = layer(x)
+    assert list(layer._packed or {}) == (["int4_tiles"] if bits == 4 else []), "no int8 GEMM's codes were derived"
+    exact = F.linear(x.bfloat16().float(), layer.dequantized_weight(), linear.bias)
+    assert (output - exact).abs().max() <= exact.abs().max() * 2**-7
 
 
 def test_int4_tiles_are_made_a_block_of_rows_at_a_time_as_for_the_whole_weight():
