@@ -131,6 +131,12 @@ def _wo_vnni() -> bool:
     return bool(capabilities.get("avx512_vnni") or capabilities.get("amx_int8"))
 
 
+@functools.cache  # read only by the kernel: one per layer width, not one per call on the decode path
+def _wo_unit_scales(count: int) -> torch.Tensor:
+    """``count`` bfloat16 ones: ``_weight_int8pack_mm``'s scales where the layer applies its own after, in float32."""
+    return torch.ones(count, dtype=torch.bfloat16)
+
+
 def _wo_int8_sums(quantized: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     """``quantized @ codes^T`` summed exactly in int32: ``torch._int_mm``, or without int8 dot products and for
     ``_WO_FLOAT_GEMM_ROWS`` rows or more, float32 GEMMs over blocks of ``_WO_EXACT_DEPTH`` inputs, within which
@@ -339,8 +345,7 @@ class WeightOnlyLinear(torch.nn.Module):
         if self.bits == 4:
             tiles, scales_and_offsets = self.derived_weight("int4_tiles")
             return torch._weight_int4pack_mm_for_cpu(activations, tiles, self.group_size, scales_and_offsets).float()
-        units = torch.ones(self.out_features, dtype=torch.bfloat16)
-        return torch._weight_int8pack_mm(activations, self.weight, units).float().mul_(self.weight_scale)
+        return torch._weight_int8pack_mm(activations, self.weight, _wo_unit_scales(self.out_features)).float().mul_(self.weight_scale)
 
     def _int8_product(self, rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """``x @ codes^T`` for ``rows`` (M, in) through the int8 GEMM, before the channel scales, each row on two int8
