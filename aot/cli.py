@@ -161,7 +161,7 @@ def build(context: click.Context, recipe: str, output: str | None, as_json: bool
         from aot.recipe.load import load_recipe
 
         loaded = load_recipe(recipe)  # its schema is checked before torch is imported: a typo is reported at once
-        from aot.build.spine import build as run_build
+        from aot.builder.spine import build as run_build
 
         return run_build(loaded, output, progress=progress)
 
@@ -283,7 +283,7 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
 
         directory = target
         if Path(target).is_file():
-            from aot.build.spine import build as run_build
+            from aot.builder.spine import build as run_build
 
             directory = run_build(target, output, progress=progress).output
         report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from aot.cli import main
 
-# The builds of this session record themselves here (aot.build.consent), not in the user's cache; the
+# The builds of this session record themselves here (aot.builder.consent), not in the user's cache; the
 # processes the tests start inherit it. It goes with the session.
 os.environ["AOT_CACHE_DIR"] = tempfile.mkdtemp(prefix="aot-test-cache-")
 atexit.register(shutil.rmtree, os.environ["AOT_CACHE_DIR"], ignore_errors=True)
@@ -82,7 +82,7 @@ def cli():
 @pytest.fixture(scope="session")
 def tiny_build(tmp_path_factory) -> Path:
     """One build of TINY_BERT for the session; copy it (``copy_build``) before changing anything in it."""
-    from aot.build.spine import build
+    from aot.builder.spine import build
 
     root = tmp_path_factory.mktemp("tiny-build")
     recipe = root / "tiny.yaml"

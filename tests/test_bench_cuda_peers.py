@@ -43,7 +43,7 @@ def test_a_peer_made_from_the_eager_model_refuses_a_model_off_the_gpu(peer: str)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_every_peer_is_timed_beside_the_buckets(tmp_path: Path) -> None:
     from aot.bench import bench
-    from aot.build.spine import build
+    from aot.builder.spine import build
 
     (tmp_path / "cuda.yaml").write_text(RECIPE.replace("DEVICE", "cuda"))
     built = Path(build(tmp_path / "cuda.yaml", tmp_path / "out").output)

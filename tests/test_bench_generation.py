@@ -8,7 +8,7 @@ import pytest
 
 from aot.bench import bench
 from aot.bench.generation import DECODE, PREFILL
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.errors import RecipeError
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import aot
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.recipe.plan import plan_build
 from tests.conftest import rehash_manifest, run_aot
 

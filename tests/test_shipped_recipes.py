@@ -17,7 +17,7 @@ import onnx
 import pytest
 import torch
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.export import run_onnx
 from aot.inputs import dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.models import load_model

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import aot.runtime.upcast_weights as upcast_weights
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.errors import RecipeError
 from aot.passes import registry
 from aot.recipe.load import load_recipe

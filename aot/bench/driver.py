@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 
 from aot.bench.worker import RunnerHost, RunnerSpec
-from aot.build.consent import require_consent
-from aot.build.integrity import verify_directory
-from aot.build.manifest import AOTI_FILE, cpu_model
-from aot.build.stages import Progress, Stages
+from aot.builder.consent import require_consent
+from aot.builder.integrity import verify_directory
+from aot.builder.manifest import AOTI_FILE, cpu_model
+from aot.builder.stages import Progress, Stages
 from aot.errors import AotError, RecipeError
 from aot.recipe.plan import BuildPlan, plan_build
 from aot.validate.artifacts import recipe_of_build

@@ -59,7 +59,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "get_qualified_name": ("torch.fx.node", "_get_qualified_name"),
 }
 
-# Modules named by string: the export child's imports made ahead (aot.build.spine), the onnx registration logger,
+# Modules named by string: the export child's imports made ahead (aot.builder.spine), the onnx registration logger,
 # and the class torch.export's unlifting puts into a module (export.module_tree).
 EXPORT_STACK_MODULES = ("torch.export._trace", "torch._functorch.aot_autograd", "torch.onnx._internal.exporter._core")
 ONNX_REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"

@@ -10,8 +10,8 @@ section            taken by
 =================  ===============================================================
 ``model``          :func:`aot.models.load_model`, :func:`aot.model_blueprint.model_blueprint`
 ``inputs``         :mod:`aot.inputs` (shape cases, dynamic axes and ranges)
-``trace``          :func:`aot.build.capture.capture`
-``passes``         the pass pipelines (:func:`aot.build.pipeline.run_pipeline`)
+``trace``          :func:`aot.builder.capture.capture`
+``passes``         the pass pipelines (:func:`aot.builder.pipeline.run_pipeline`)
 ``validation``     :mod:`aot.validate.artifacts`, the accuracy gate, the decoder's generation check
 ``deployment``     :mod:`aot.bundle` (config, tokenizer and processor shipped beside the artifacts)
 ``export``         the artifact writers

@@ -11,7 +11,7 @@
 
 Every file is checked against the manifest first, as ``aot validate`` does (exit 7 on a mismatch),
 and ``runtime="torch"`` runs ``module.py`` (``"aoti"``: the AOTInductor package's compiled code) only with
-consent (:mod:`aot.build.consent`). The tokenizer and
+consent (:mod:`aot.builder.consent`). The tokenizer and
 config are the ones the build shipped and checked (:mod:`aot.bundle`); nothing is read from
 elsewhere. Text longer than the build's largest sequence is truncated to it, and the result says
 which inputs were (``truncated``).
@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from aot.build.consent import require_consent
-from aot.build.integrity import verify_directory
-from aot.build.manifest import AOTI_FILE
+from aot.builder.consent import require_consent
+from aot.builder.integrity import verify_directory
+from aot.builder.manifest import AOTI_FILE
 from aot.bundle import DEPLOYMENT_KEY
 from aot.errors import RecipeError
 

@@ -10,7 +10,7 @@
   writes, loaded as users load them: the ONNX model in ONNX Runtime, the saved GraphModule
   through its own ``module.py`` (``load``, torch alone);
 - :func:`validate_directory`: ``aot validate DIR``: the directory's integrity first
-  (:mod:`aot.build.integrity`), then the numerics, with nothing from DIR run before its hash matched.
+  (:mod:`aot.builder.integrity`), then the numerics, with nothing from DIR run before its hash matched.
 
 An element passes when ``|actual - expected| <= atol + rtol * |expected|``
 (numpy's ``allclose`` rule). The relative error reported is
@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from aot.build.consent import require_consent
-from aot.build.integrity import verify_directory
-from aot.build.manifest import MANIFEST_NAME
-from aot.build.stages import Progress, Stages
+from aot.builder.consent import require_consent
+from aot.builder.integrity import verify_directory
+from aot.builder.manifest import MANIFEST_NAME
+from aot.builder.stages import Progress, Stages
 from aot.errors import AotError, IntegrityError, RecipeError, ValidationError
 from aot.inputs import ShapeCase, dim_ranges, dynamic_axes, onnx_input_names, shape_cases, text_lines
 from aot.models import forward_parameters, load_model
@@ -222,7 +222,7 @@ def bisect_gate(plan: BisectPlan, first_inputs: dict[str, Any], gate: Gate) -> s
 
 def _retrace(plan: BisectPlan, example_inputs: dict[str, Any]) -> torch.fx.GraphModule:
     """The model loaded and traced again, as the build did."""
-    from aot.build.capture import capture
+    from aot.builder.capture import capture
 
     with torch.random.fork_rng():  # the same weights again (the recipe's seed or files); the RNG goes on as it was
         model = load_model(plan.model)
@@ -230,7 +230,7 @@ def _retrace(plan: BisectPlan, example_inputs: dict[str, Any]) -> torch.fx.Graph
 
 
 def _run_passes_again(plan: BisectPlan, graph_module: torch.fx.GraphModule, check: Callable[[int, torch.fx.GraphModule], None]) -> None:
-    from aot.build.pipeline import run_pipeline
+    from aot.builder.pipeline import run_pipeline
 
     run_pipeline(graph_module, list(plan.passes.passes), after_each=check)
 

@@ -53,7 +53,7 @@ def changed_tensor(model: torch.nn.Module, before: _Fingerprint) -> str | None:
 
 
 def check_after_each_pass(model: torch.nn.Module, specs: list[PassSpec]) -> Callable[[int, torch.fx.GraphModule], None]:
-    """An ``after_each`` hook for :func:`aot.build.pipeline.run_pipeline` that names the pass at fault."""
+    """An ``after_each`` hook for :func:`aot.builder.pipeline.run_pipeline` that names the pass at fault."""
     before = fingerprint(model)
 
     def check(step: int, graph_module: torch.fx.GraphModule) -> None:

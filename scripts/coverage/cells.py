@@ -112,7 +112,7 @@ TRACERS = {"fx": trace_fx, "export": trace_export, "hf_onnx": export_hf_onnx}
 
 def build_end_to_end(model_type: str, class_name: str, frontend: str) -> None:
     """``aot build`` of a generated tiny recipe, in a temporary directory."""
-    from aot.build.spine import build
+    from aot.builder.spine import build
 
     from .recipe import tiny_recipe_text
 

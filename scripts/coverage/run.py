@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import transformers
 
-import aot.build.spine  # noqa: F401  (imported once here, before the children fork, not once in each)
+import aot.builder.spine  # noqa: F401  (imported once here, before the children fork, not once in each)
 
 from .architectures import Architecture, architectures, gone_in_transformers_5
 from .cells import TRACERS, build_end_to_end

@@ -13,7 +13,7 @@ from aot.compat import torch_private
 REPO = Path(__file__).resolve().parents[2]
 # The saved module.py pastes these in: they must import torch alone, so they name their own ops.
 ARTIFACT_RUNTIME = {REPO / "aot" / "runtime", REPO / "aot" / "tracing" / "torch_functions.py", REPO / "aot" / "compat",
-                    REPO / "export" / "aoti_child.py"}  # torch alone, as a deployment loads the AOTInductor package
+                    REPO / "aot" / "export" / "aoti_child.py"}  # torch alone, as a deployment loads the AOTInductor package
 
 
 @pytest.mark.parametrize("name", sorted(torch_private._NAMES))
@@ -52,7 +52,7 @@ def test_no_module_outside_the_compat_layer_names_a_private_torch_name():
                if not any(path.is_relative_to(allowed) for allowed in ARTIFACT_RUNTIME)]
     assert len(sources) > 50, "the precondition: the package's sources were found"
     assert _private_uses(REPO / "aot" / "runtime" / "int8_linear.py"), "the precondition: the scan sees torch._int_mm there"
-    assert "_fx_passes" in (REPO / "export" / "onnx_decompositions.py").read_text(), "the precondition: names in docstrings"
+    assert "_fx_passes" in (REPO / "aot" / "export" / "onnx_decompositions.py").read_text(), "the precondition: names in docstrings"
     found = [use for path in sources for use in _private_uses(path)]
     assert found == [], "import these through aot.compat.torch_private:\n" + "\n".join(found)
 

@@ -10,7 +10,7 @@ import onnx
 import pytest
 import torch
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.decoding.generation_check import ForcedStep, check_generation, eager_tokens, prompts
 from aot.decoding.greedy import greedy_generate
 from aot.decoding.names import input_names, output_names

@@ -1,6 +1,6 @@
 """The build's ONNX stage for the export tests: what ``aot build`` calls, with a recipe's ``export.onnx`` options.
 
-:class:`aot.build.onnx_stage.OnnxStage` is the build's one call: ``write_onnx`` with the arguments
+:class:`aot.builder.onnx_stage.OnnxStage` is the build's one call: ``write_onnx`` with the arguments
 the options give it, in a forked child, then ONNX Runtime's transformer optimizer on the
 file where ``optimize: transformer`` asks for it. Tests that go through it cover the paths
 the build takes, and no other.
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from aot.build.onnx_stage import OnnxStage
+from aot.builder.onnx_stage import OnnxStage
 from aot.inputs import ShapeCase
 from aot.recipe.schema import OnnxSpec
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.errors import ExportError, RecipeError
 from aot.export import AOTI_FILE, AotiCrash, AotiProcess
 from aot.recipe.load import load_recipe

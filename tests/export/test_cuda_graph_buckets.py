@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.errors import ExportError, RecipeError, ValidationError
 from aot.recipe.load import load_recipe
 

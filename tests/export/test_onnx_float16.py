@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import torch
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.export import run_onnx
 from aot.validate.outputs import flatten_outputs
 

@@ -13,7 +13,7 @@ import pytest
 import safetensors
 import torch
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.export.graph_module_artifact import load_standalone
 from tests.decoding.plain_loop import plain_onnx_runtime_greedy
 from tests.ort_int8 import ort_u8s8_sums_exact

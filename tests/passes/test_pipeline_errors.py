@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from aot.build.pipeline import run_pipeline
+from aot.builder.pipeline import run_pipeline
 from aot.errors import PassError
 from aot.passes import DeadCodeElimination, MergeLinears, RemoveDropout
 from aot.recipe.schema import PassSpec

@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers as tf
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.tracing import symbolic_trace
 from aot.tracing.dummy_inputs import default_input_names, make_dummy_inputs
 from aot.tracing.torch_functions import check_condition

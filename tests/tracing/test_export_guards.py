@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.errors import TraceError
 from aot.tracing import export_trace
 from aot.tracing.dim_narrowing import unproven_dim

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers as tf
 
-from aot.build.spine import build
+from aot.builder.spine import build
 from aot.tracing import export_trace, symbolic_trace
 from aot.tracing.model_state import TRACEABLE_EXPERTS
 from tests.tracing.tracing_zoo import (

@@ -14,7 +14,7 @@ from tests.conftest import PRETRAINED
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory) -> tuple[Path, Path]:
     """A build of a recipe whose checkpoint path is relative, after the recipe file moved away: (build, moved recipe)."""
-    from aot.build import build
+    from aot.builder import build
 
     root = tmp_path_factory.mktemp("moved-recipe")
     config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=128)

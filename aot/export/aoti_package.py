@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from aot.build.manifest import AOTI_FILE, cpu_model
+from aot.builder.manifest import AOTI_FILE, cpu_model
 from aot.compat.torch_private import aoti_compile_and_package
 from aot.errors import ExportError, first_line
 from aot.process.quiet import quiet_torch

@@ -21,7 +21,7 @@ import aot.recipe.plan
 from aot.recipe.plan import BuildPlan, plan_build
 
 REPO = Path(aot.__file__).resolve().parent.parent
-SPINE_FILES = {"aot/build/spine.py", "aot/build/steps.py", "aot/build/schedule.py", "aot/recipe/plan.py"}
+SPINE_FILES = {"aot/builder/spine.py", "aot/builder/steps.py", "aot/builder/schedule.py", "aot/recipe/plan.py"}
 """Where the plan is handed out from (the spine, the stages' adapters, the schedule), and its own file (its properties)."""
 
 SECTION_TYPES = tuple(
@@ -46,7 +46,7 @@ def _sections(plan: BuildPlan) -> dict[int, str]:
 
 def _journey(build, recipe: Path, output: Path, monkeypatch) -> list[str]:
     """The repository files, in order, of every call that took the plan or one of its sections as an argument."""
-    import aot.build.spine as build_module
+    import aot.builder.spine as build_module
 
     planned: list[BuildPlan] = []
 
@@ -103,7 +103,7 @@ def _visits(journey: list[str], transparent: set[str]) -> Counter:
 
 
 def test_the_plan_enters_each_file_at_most_twice(write_recipe, tmp_path, monkeypatch):
-    from aot.build.spine import build
+    from aot.builder.spine import build
 
     recipe = write_recipe()
     journey = _journey(build, recipe, tmp_path / "out", monkeypatch)
@@ -115,7 +115,7 @@ def test_the_plan_enters_each_file_at_most_twice(write_recipe, tmp_path, monkeyp
 
 def test_no_stage_takes_the_loaded_recipe():
     """Only the loader, the planner and the entry points that take a recipe file see a LoadedRecipe."""
-    allowed = {"aot.recipe.load", "aot.recipe.plan", "aot.build.spine.build", "aot.validate.artifacts.recipe_of_build"}
+    allowed = {"aot.recipe.load", "aot.recipe.plan", "aot.builder.spine.build", "aot.validate.artifacts.recipe_of_build"}
     takers = []
     for module_info in pkgutil.walk_packages(aot.__path__, "aot."):
         if module_info.name in allowed:
@@ -136,7 +136,7 @@ def test_no_stage_takes_the_loaded_recipe():
 
 def test_the_spine_holds_no_scheduling():
     """``_build`` names stages and their data: no fork, thread, del, garbage collection or memory call."""
-    from aot.build.spine import _build
+    from aot.builder.spine import _build
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(_build)))
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]

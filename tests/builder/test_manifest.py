@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from aot.build import manifest
-from aot.build.manifest import describe_files, hash_files
+from aot.builder import manifest
+from aot.builder.manifest import describe_files, hash_files
 
 
 def _tree(root):

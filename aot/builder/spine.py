@@ -12,12 +12,12 @@ import logging
 import time
 from pathlib import Path
 
-from aot.build import steps
-from aot.build.consent import remember_build
-from aot.build.outdir import check_replaceable, staged_directory
-from aot.build.report import BuildReport
-from aot.build.schedule import BuildSchedule
-from aot.build.stages import Progress
+from aot.builder import steps
+from aot.builder.consent import remember_build
+from aot.builder.outdir import check_replaceable, staged_directory
+from aot.builder.report import BuildReport
+from aot.builder.schedule import BuildSchedule
+from aot.builder.stages import Progress
 from aot.compat.window import warn_outside_window
 from aot.process.memory import MemoryWatch
 from aot.recipe.load import LoadedRecipe, load_recipe
@@ -57,7 +57,7 @@ def build(
 def _build(plan: BuildPlan, work: steps.Work, report: BuildReport, schedule: BuildSchedule) -> None:
     """The spine: each stage, the section of the plan it takes, and what it makes.
 
-    Stages run in this order, except where :mod:`aot.build.schedule` says otherwise: it runs the eager
+    Stages run in this order, except where :mod:`aot.builder.schedule` says otherwise: it runs the eager
     reference and the graph's validation beside the ONNX export, imports the export stack while the
     weights load, hashes files beside the work that waits on other code, and frees what no later
     stage takes.
@@ -90,4 +90,4 @@ def _build(plan: BuildPlan, work: steps.Work, report: BuildReport, schedule: Bui
     run("validate_generation", steps.check_generation, work, report, when=plan.validation.generation is not None)
     raise_on_failure(report.validation, report.accuracy + report.generation)
     schedule.last(steps.write_build_manifest, plan, work, report)
-    remember_build(report.manifest_sha256)  # this machine built it: its code may run here later (aot.build.consent)
+    remember_build(report.manifest_sha256)  # this machine built it: its code may run here later (aot.builder.consent)

@@ -1,8 +1,8 @@
 """The build's stages, each a function of its section of the plan and of what earlier stages made.
 
 Each stage reads what it needs from :class:`Work` and writes what it makes there, or into the
-:class:`~aot.build.report.BuildReport`. None decides when it runs, what runs beside it, or when
-memory is freed: :class:`aot.build.schedule.BuildSchedule` does.
+:class:`~aot.builder.report.BuildReport`. None decides when it runs, what runs beside it, or when
+memory is freed: :class:`aot.builder.schedule.BuildSchedule` does.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from aot.build.capture import capture
-from aot.build.manifest import MANIFEST_VERSION, tool_versions, write_manifest
-from aot.build.pipeline import run_pipeline
-from aot.build.report import BuildReport
+from aot.builder.capture import capture
+from aot.builder.manifest import MANIFEST_VERSION, tool_versions, write_manifest
+from aot.builder.pipeline import run_pipeline
+from aot.builder.report import BuildReport
 from aot.bundle import DEPLOYMENT_KEY, write_deployment_files
 from aot.cuda_graphs import cuda_graph_spec
 from aot.errors import ExportError

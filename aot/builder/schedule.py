@@ -1,6 +1,6 @@
 """How a build's stages are scheduled: what overlaps, what is forked, and when memory is freed.
 
-The spine (:func:`aot.build.spine._build`) names the stages in the order of their data. This is the
+The spine (:func:`aot.builder.spine._build`) names the stages in the order of their data. This is the
 one place that decides how they run on a machine of two cores and little memory to spare:
 
 - **Imports beside the weights.** While a transformers model draws or reads its weights
@@ -8,7 +8,7 @@ one place that decides how they run on a machine of two cores and little memory 
   (:mod:`aot.process.imports_beside`): it would otherwise be imported on the critical path, in the
   export's child.
 - **The ONNX export beside the eager work.** The export, the longest stage, needs nothing made
-  after the passes, so it is forked into a child (:mod:`aot.build.onnx_stage`) as soon as the
+  after the passes, so it is forked into a child (:mod:`aot.builder.onnx_stage`) as soon as the
   deployment files are written. The stages between :meth:`BuildSchedule.start_onnx_export` and
   :meth:`BuildSchedule.finish_onnx_export` run beside it on one thread: by default the eager
   reference, the graph's validation (both deferred to here), and the other artifacts' writes.
@@ -32,11 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
-from aot.build.manifest import describe_files, hash_files
-from aot.build.onnx_stage import OnnxStage
-from aot.build.report import BuildReport
-from aot.build.stages import Progress, Stages
-from aot.build.steps import Work
+from aot.builder.manifest import describe_files, hash_files
+from aot.builder.onnx_stage import OnnxStage
+from aot.builder.report import BuildReport
+from aot.builder.stages import Progress, Stages
+from aot.builder.steps import Work
 from aot.compat.torch_private import EXPORT_STACK_MODULES
 from aot.process.imports_beside import imports_beside
 from aot.process.memory import MemoryWatch, release_freed_memory, resident_mib

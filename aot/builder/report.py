@@ -7,7 +7,7 @@ from typing import Any
 
 from aot.bundle import Deployment
 from aot.decoding.generation_check import GenerationCheck
-from aot.build.pipeline import PassRecord
+from aot.builder.pipeline import PassRecord
 from aot.validate.accuracy import AccuracyResult
 from aot.validate.artifacts import Comparison
 
