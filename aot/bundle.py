@@ -200,7 +200,7 @@ def texts_used(plan: DeploymentPlan) -> list[str]:
     texts = list(plan.texts)
     gate = plan.gate
     if gate is not None and gate.data_path is not None and gate.data_path.suffix != ".safetensors":
-        from aot.validate.accuracy import read_texts
+        from aot.gates.accuracy import read_texts
 
         texts += read_texts(gate)
     return list(dict.fromkeys([*texts, *PROBE_TEXTS]))

@@ -221,7 +221,7 @@ def validate(context: click.Context, directory: str, recipe: str | None, expect_
     """Re-check a build directory: every file against the manifest first, then numerics against the eager model."""
 
     def run(progress: _StderrProgress) -> Any:
-        from aot.validate.artifacts import validate_directory
+        from aot.validate.directory import validate_directory
 
         return validate_directory(directory, recipe, expect_sha256, progress=progress, trust_code=trust_code)
 

@@ -29,7 +29,7 @@ from aot.errors import AotError, first_line
 from aot.model_blueprint import Blueprint, model_blueprint
 from aot.recipe.locator import Located
 from aot.recipe.plan import ModelPlan
-from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.validate.artifacts use it from here
+from aot.tracing.dummy_inputs import forward_parameters  # re-exported: aot.inputs and aot.gates.compare use it from here
 from aot.weights_dtype import keep_weights_narrow
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from transformers import BertConfig, BertModel
 import aot.passes  # noqa: F401  (registers the passes)
 from aot.passes import registry
 from aot.tracing import symbolic_trace
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 CLEANUP = ["remove_dropout", "dead_code_elimination"]
 VARIANTS: dict[str, list] = {

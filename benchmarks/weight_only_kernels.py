@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from aot.builder.manifest import cpu_model
+from aot.directory.manifest import cpu_model
 
 IN, OUT = 2048, 8192
 TORCH_KERNELS = ("int4_tiles", "int_mm", "int8pack", "bf16", "wo_int4", "wo_int4_gemm", "wo_int8", "wo_int8_gemm")

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from aot.cli import main
 
-# The builds of this session record themselves here (aot.builder.consent), not in the user's cache; the
+# The builds of this session record themselves here (aot.directory.consent), not in the user's cache; the
 # processes the tests start inherit it. It goes with the session.
 os.environ["AOT_CACHE_DIR"] = tempfile.mkdtemp(prefix="aot-test-cache-")
 atexit.register(shutil.rmtree, os.environ["AOT_CACHE_DIR"], ignore_errors=True)

@@ -216,7 +216,7 @@ def test_a_vision_build_labels_image_files_with_eager_scores(vision_build, tmp_p
 
 
 def test_token_ids_run_a_build_that_ships_no_tokenizer(tiny_build):
-    from aot.validate.accuracy import pooled_vectors
+    from aot.gates.accuracy import pooled_vectors
     from aot.export import load_standalone
 
     manifest = json.loads((tiny_build / "manifest.json").read_text())

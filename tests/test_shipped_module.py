@@ -13,7 +13,7 @@ from aot.inputs import shape_cases
 from aot.models import load_model
 from aot.recipe.load import load_recipe
 from aot.recipe.plan import plan_build
-from aot.validate.artifacts import compare_outputs, eager_outputs
+from aot.gates.compare import compare_outputs, eager_outputs
 
 # Loads module.py as the README shows, with every import of aot, transformers, safetensors and onnx refused.
 TORCH_ALONE = textwrap.dedent(

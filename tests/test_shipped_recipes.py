@@ -24,10 +24,10 @@ from aot.models import load_model
 from aot.recipe.load import fidelity_gate, load_recipe
 from aot.recipe.plan import plan_build
 from aot.tracing.export_trace import INFERRED
-from aot.validate.accuracy import make_gate
-from aot.validate.artifacts import eager_outputs
-from aot.validate.artifacts import compare_outputs, eager_runner
-from aot.validate.outputs import flatten_outputs
+from aot.gates.accuracy import make_gate
+from aot.gates.compare import eager_outputs
+from aot.gates.compare import compare_outputs, eager_runner
+from aot.tracing.outputs import flatten_outputs
 from tests.conftest import rehash_manifest
 from tests.export.isolated import run_isolated
 

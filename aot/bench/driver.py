@@ -41,13 +41,13 @@ from typing import Any
 import numpy as np
 
 from aot.bench.worker import RunnerHost, RunnerSpec
-from aot.builder.consent import require_consent
-from aot.builder.integrity import verify_directory
-from aot.builder.manifest import AOTI_FILE, cpu_model
+from aot.directory.consent import require_consent
+from aot.directory.integrity import verify_directory
+from aot.directory.manifest import AOTI_FILE, cpu_model
 from aot.builder.stages import Progress, Stages
 from aot.errors import AotError, RecipeError
 from aot.recipe.plan import BuildPlan, plan_build
-from aot.validate.artifacts import recipe_of_build
+from aot.directory.open import recipe_of_build
 
 log = logging.getLogger(__name__)
 

@@ -112,7 +112,8 @@ class RunnerHost:
         from aot.inputs import dynamic_axes, make_inputs, texts_tokenizer
         from aot.models import load_model
         from aot.recipe.plan import plan_build
-        from aot.validate.artifacts import eager_extra_arguments, recipe_of_build
+        from aot.gates.compare import eager_extra_arguments
+        from aot.directory.open import recipe_of_build
 
         spec, build = self.spec, Path(self.spec.build)
         plan = plan_build(recipe_of_build(build, json.loads((build / "manifest.json").read_text()), spec.recipe))
@@ -199,8 +200,8 @@ class RunnerHost:
         ONNX Runtime answers a list: its outputs are taken in the order of eager's, which is the
         order every exporter writes them in.
         """
-        from aot.validate.accuracy import make_gate
-        from aot.validate.artifacts import eager_runner
+        from aot.gates.accuracy import make_gate
+        from aot.gates.compare import eager_runner
 
         if self._eager is None:
             return {"metrics": {}, "problem": "not a peer: its accuracy is in the build's manifest"}

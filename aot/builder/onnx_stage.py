@@ -28,8 +28,8 @@ import torch
 from aot.inputs import ShapeCase
 from aot.process.forked import ForkedStep
 from aot.recipe.schema import OnnxSpec, ModelSpec
-from aot.validate.artifacts import run_module
-from aot.validate.outputs import graph_output_names
+from aot.gates.compare import run_module
+from aot.tracing.outputs import graph_output_names
 
 log = logging.getLogger(__name__)
 

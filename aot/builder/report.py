@@ -8,8 +8,8 @@ from typing import Any
 from aot.bundle import Deployment
 from aot.decoding.generation_check import GenerationCheck
 from aot.builder.pipeline import PassRecord
-from aot.validate.accuracy import AccuracyResult
-from aot.validate.artifacts import Comparison
+from aot.gates.accuracy import AccuracyResult
+from aot.gates.compare import Comparison
 
 
 @dataclass

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
-from aot.builder.manifest import describe_files, hash_files
+from aot.directory.manifest import describe_files, hash_files
 from aot.builder.onnx_stage import OnnxStage
 from aot.builder.report import BuildReport
 from aot.builder.stages import Progress, Stages

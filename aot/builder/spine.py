@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from aot.builder import steps
-from aot.builder.consent import remember_build
-from aot.builder.outdir import check_replaceable, staged_directory
+from aot.directory.consent import remember_build
+from aot.directory.outdir import check_replaceable, staged_directory
 from aot.builder.report import BuildReport
 from aot.builder.schedule import BuildSchedule
 from aot.builder.stages import Progress
@@ -22,7 +22,7 @@ from aot.compat.window import warn_outside_window
 from aot.process.memory import MemoryWatch
 from aot.recipe.load import LoadedRecipe, load_recipe
 from aot.recipe.plan import BuildPlan, plan_build
-from aot.validate.artifacts import raise_on_failure
+from aot.gates.compare import raise_on_failure
 
 log = logging.getLogger(__name__)
 
@@ -90,4 +90,4 @@ def _build(plan: BuildPlan, work: steps.Work, report: BuildReport, schedule: Bui
     run("validate_generation", steps.check_generation, work, report, when=plan.validation.generation is not None)
     raise_on_failure(report.validation, report.accuracy + report.generation)
     schedule.last(steps.write_build_manifest, plan, work, report)
-    remember_build(report.manifest_sha256)  # this machine built it: its code may run here later (aot.builder.consent)
+    remember_build(report.manifest_sha256)  # this machine built it: its code may run here later (aot.directory.consent)

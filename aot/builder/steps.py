@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from aot.builder.capture import capture
-from aot.builder.manifest import MANIFEST_VERSION, tool_versions, write_manifest
+from aot.directory.manifest import MANIFEST_VERSION, tool_versions, write_manifest
 from aot.builder.pipeline import run_pipeline
 from aot.builder.report import BuildReport
 from aot.bundle import DEPLOYMENT_KEY, write_deployment_files
@@ -27,9 +27,10 @@ from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, o
 from aot.models import load_model, load_tokenizer
 from aot.passes.base import CALIBRATION_KEY
 from aot.recipe.plan import BuildPlan, CalibrationPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
-from aot.validate.accuracy import make_gate
-from aot.validate.artifacts import ArtifactChecks, eager_outputs, eager_runner, generation_reference, untimed_stage, validate_graph
-from aot.validate.eager_guard import check_after_each_pass
+from aot.gates.accuracy import make_gate
+from aot.builder.checks import ArtifactChecks, saved_graph_module_opener, generation_reference, validate_graph
+from aot.gates.compare import eager_outputs, eager_runner, untimed_stage
+from aot.gates.eager_guard import check_after_each_pass
 from aot.weights_dtype import widen_leftover_linears
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def add_checked(report: BuildReport, checked: tuple[list, list]) -> None:
 
 
 def check_generation(work: Work, report: BuildReport) -> None:
-    report.generation = work.reference.generation.check_files(work.staging, lambda relative: report.files[relative]["sha256"])
+    report.generation = work.reference.generation.check_files(work.staging, saved_graph_module_opener(lambda relative: report.files[relative]["sha256"]))
 
 
 def write_build_manifest(plan: BuildPlan, work: Work, report: BuildReport) -> None:

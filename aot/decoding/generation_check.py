@@ -208,9 +208,12 @@ class GenerationReference:
         reference = fidelity(step.causal_lm) if fidelity is not None else None
         return cls(made, tokens, new_tokens, step.artifact_meta(), atol, rtol, reference)
 
-    def check_files(self, directory: Path, sha256_of: Callable[[str], str | None]) -> list[GenerationCheck]:
-        """``model.onnx`` through plain ONNX Runtime, ``graph_module/`` through its ``module.py``'s own ``generate``."""
-        from aot import export
+    def check_files(self, directory: Path, open_graph_module: Callable[[Path], torch.nn.Module]) -> list[GenerationCheck]:
+        """``model.onnx`` through plain ONNX Runtime, ``graph_module/`` through its ``module.py``'s own ``generate``.
+
+        ``open_graph_module(folder)``: the saved GraphModule as users load it (the artifact's own ``open``, which the
+        layers above this one own: decoding knows steps, not artifact kinds).
+        """
         from aot.process.memory import release_freed_memory
 
         from .onnx_step import OnnxStep
@@ -224,7 +227,7 @@ class GenerationReference:
             release_freed_memory()  # ONNX Runtime's session, gone: its heap pages, before the GraphModule's
         module_file = "graph_module/module.py"
         if (directory / module_file).is_file():
-            saved = export.load_standalone(directory / "graph_module", sha256_of(module_file), keep_freed_memory=False)
+            saved = open_graph_module(directory / "graph_module")
             forced = ForcedStep(self._keyword_step(saved), self._past_layout(), self.atol, self.rtol)
             results += self._checked("graph_module", saved.generate, forced)
         return results

@@ -10,7 +10,7 @@
 
 Users load it with torch alone: ``torch._inductor.aoti_load_package(path)(**inputs)`` returns
 ``{output name: tensor}``, named as every aot artifact names its outputs
-(:func:`aot.validate.outputs.flatten_outputs`). The graph is exported behind a wrapper that returns that dict,
+(:func:`aot.tracing.outputs.flatten_outputs`). The graph is exported behind a wrapper that returns that dict,
 so the package's output spec holds no transformers type: torch unflattens it without transformers.
 
 What the package is not (the manifest's ``aoti`` says the first two):
@@ -48,11 +48,11 @@ from typing import Any
 import torch
 import torch.fx
 
-from aot.builder.manifest import AOTI_FILE, cpu_model
+from aot.directory.manifest import AOTI_FILE, cpu_model
 from aot.compat.torch_private import aoti_compile_and_package
 from aot.errors import ExportError, first_line
 from aot.process.quiet import quiet_torch
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from .export_shapes import dynamic_shapes_of, ordered_inputs
 

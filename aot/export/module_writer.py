@@ -16,7 +16,7 @@ The forward of an fx graph is its code verbatim. A torch.export graph wraps
 its code in pytree flatten/unflatten calls whose specs name transformers
 classes; here the signature takes the same keyword inputs and the output is
 written as a literal (a ``ModelOutput`` becomes a ``dict`` with the same keys,
-which :func:`aot.validate.outputs.flatten_outputs` names the same way).
+which :func:`aot.tracing.outputs.flatten_outputs` names the same way).
 """
 
 from __future__ import annotations

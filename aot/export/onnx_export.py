@@ -4,7 +4,7 @@
   exporter as strings, which it turns into ``Dim.DYNAMIC`` and then renames the
   ONNX symbolic dimensions after (``batch``, ``sequence``). An axis the exporter
   specialised to a number anyway is an error, not a silently static model.
-- Output names are :func:`aot.validate.outputs.flatten_outputs` names of the graph's output.
+- Output names are :func:`aot.tracing.outputs.flatten_outputs` names of the graph's output.
 - Weights go to one external data file ``<name>.data`` beside the model when
   the model would pass protobuf's 2 GiB limit.
 - ``aot.runtime.Int8DynamicLinear`` layers become ONNX's int8 ops (:mod:`aot.export.onnx_int8`).
@@ -36,7 +36,7 @@ from aot.errors import ExportError, first_line
 from aot.process.quiet import quiet_torch
 from aot.tracing.export_trace import INFERRED
 from aot.tracing.source_location import raised_at
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from .contiguous_copies import with_explicit_copies
 from .export_shapes import dynamic_shapes_of, ordered_inputs
@@ -99,7 +99,7 @@ def write_onnx(
     last match; a graph's input bookkeeping keeps the weights it once listed as inputs). The
     build therefore calls this in a forked child (:mod:`aot.process.forked`).
 
-    ``output_names``: the :func:`aot.validate.outputs.flatten_outputs` names of the graph's outputs, when
+    ``output_names``: the :func:`aot.tracing.outputs.flatten_outputs` names of the graph's outputs, when
     the caller has them; otherwise the graph is run once to find them.
 
     ``float16``: convert the model to float16 arithmetic after the fusions (which match float32

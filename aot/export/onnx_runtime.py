@@ -1,6 +1,6 @@
 """Run an exported ONNX model in ONNX Runtime, with outputs named as the graph names them.
 
-The exported model's output names are :func:`aot.validate.outputs.flatten_outputs`
+The exported model's output names are :func:`aot.tracing.outputs.flatten_outputs`
 names, so the result compares key by key with the eager model's flattened
 outputs. CUDA is used where ONNX Runtime has it, CPU otherwise.
 """

@@ -14,7 +14,7 @@ function, with its weights rewritten to match:
   ``SiLUActivation`` is ``x sigmoid(x)``, ``LinearActivation`` the identity.
 
 A ``call_function`` of a ``ModelOutput`` class becomes ``dict``: both map the
-output names to tensors and :func:`aot.validate.outputs.flatten_outputs` names them alike.
+output names to tensors and :func:`aot.tracing.outputs.flatten_outputs` names them alike.
 
 Classes are matched by qualified name, so this module never imports transformers.
 """

@@ -12,7 +12,7 @@ section            taken by
 ``inputs``         :mod:`aot.inputs` (shape cases, dynamic axes and ranges)
 ``trace``          :func:`aot.builder.capture.capture`
 ``passes``         the pass pipelines (:func:`aot.builder.pipeline.run_pipeline`)
-``validation``     :mod:`aot.validate.artifacts`, the accuracy gate, the decoder's generation check
+``validation``     :mod:`aot.builder.checks`, the accuracy gate, the decoder's generation check
 ``deployment``     :mod:`aot.bundle` (config, tokenizer and processor shipped beside the artifacts)
 ``export``         the artifact writers
 =================  ===============================================================

@@ -1,7 +1,7 @@
 """The artifacts of a build directory as callables: ONNX Runtime's session, ``module.py`` with torch, or the
 AOTInductor package with torch's own loader.
 
-Each takes ``{input name: tensor}`` and returns ``{output name: tensor}`` (:func:`aot.validate.outputs.flatten_outputs`'s
+Each takes ``{input name: tensor}`` and returns ``{output name: tensor}`` (:func:`aot.tracing.outputs.flatten_outputs`'s
 names), and for a decoder build the first two a greedy ``generate``. Tokenization lives outside: ``module.py``
 stays torch-only, and the ONNX model is data.
 """
@@ -72,7 +72,7 @@ class TorchArtifact:
 
     @torch.no_grad()
     def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        from aot.validate.outputs import flatten_outputs
+        from aot.tracing.outputs import flatten_outputs
 
         wanted = inputs if self.input_names is None else {name: value for name, value in inputs.items() if name in self.input_names}
         return flatten_outputs(self.model(**wanted))

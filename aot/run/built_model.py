@@ -11,7 +11,7 @@
 
 Every file is checked against the manifest first, as ``aot validate`` does (exit 7 on a mismatch),
 and ``runtime="torch"`` runs ``module.py`` (``"aoti"``: the AOTInductor package's compiled code) only with
-consent (:mod:`aot.builder.consent`). The tokenizer and
+consent (:mod:`aot.directory.consent`). The tokenizer and
 config are the ones the build shipped and checked (:mod:`aot.bundle`); nothing is read from
 elsewhere. Text longer than the build's largest sequence is truncated to it, and the result says
 which inputs were (``truncated``).
@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from aot.builder.consent import require_consent
-from aot.builder.integrity import verify_directory
-from aot.builder.manifest import AOTI_FILE
+from aot.directory.consent import require_consent
+from aot.directory.integrity import verify_directory
+from aot.directory.manifest import AOTI_FILE
 from aot.bundle import DEPLOYMENT_KEY
 from aot.errors import RecipeError
 
@@ -143,7 +143,7 @@ class BuiltModel:
         encoded = texts if isinstance(texts, Encoded) else self.encode(texts)
         outputs = self.artifact(encoded.inputs)
         name = "last_hidden_state" if "last_hidden_state" in outputs else next(iter(outputs))
-        from aot.validate.accuracy import pooled_vectors
+        from aot.gates.accuracy import pooled_vectors
 
         return pooled_vectors(outputs[name], encoded.inputs, pooling).to(torch.float32), encoded.truncated
 

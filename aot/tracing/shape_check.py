@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from aot.errors import TraceError
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from .dummy_inputs import make_dummy_inputs
 

@@ -6,7 +6,7 @@
 - placeholders are named exactly after ``input_names``; the model's other
   ``forward`` arguments keep their defaults, or the values in ``concrete_args``;
 - the graph returns what the model returns, with ``ModelOutput`` as a plain dict of its
-  non-``None`` fields (so ``aot.validate.outputs.flatten_outputs`` names match eager);
+  non-``None`` fields (so ``aot.tracing.outputs.flatten_outputs`` names match eager);
 - ``use_cache`` is traced as ``False`` unless given: a cache object is not a tensor output;
 - the GraphModule owns copies of the modules, parameters and buffers it uses: the eager
   model is never touched, not even by a later ``gm.to(...)`` or an in-place pass;

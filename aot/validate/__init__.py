@@ -1,19 +1,16 @@
-"""Validation: every artifact against the eager model, and the gates that judge a build that trades precision.
+"""``aot validate DIR``: a build directory checked again, files first, then every artifact against eager.
 
-- :mod:`~aot.validate.artifacts`: comparisons at every shape, bisection, the files as users load them,
-  ``aot validate DIR``;
-- :mod:`~aot.validate.accuracy`: the accuracy gate (task metrics on real data);
-- :mod:`~aot.validate.outputs`: the one naming of model outputs;
-- :mod:`~aot.validate.eager_guard`: each pass leaves the eager model as it was.
+- :mod:`~aot.validate.directory`: :func:`validate_directory` and its :class:`DirectoryReport`.
 
-The names of :mod:`~aot.validate.artifacts` (``validate_directory``, ``Comparison``...) are importable from here;
-they import torch only when first asked for.
+What it is built from lives below: the comparison rule and the gates in :mod:`aot.gates`, each artifact's checks
+in :mod:`aot.builder.checks`, the directory's manifest, integrity and consent in :mod:`aot.directory`.
+``from aot.validate import validate_directory`` imports torch only when first asked for.
 """
 
 
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    from aot.validate import artifacts
+    from aot.validate import directory
 
-    return getattr(artifacts, name)
+    return getattr(directory, name)

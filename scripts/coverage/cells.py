@@ -17,8 +17,8 @@ from aot.errors import AotError
 from aot.tracing import export_trace, symbolic_trace
 from aot.tracing.dummy_inputs import default_input_names
 from aot.tracing.shape_check import same_random_draws
-from aot.validate.artifacts import compare_outputs, eager_outputs
-from aot.validate.outputs import flatten_outputs
+from aot.gates.compare import compare_outputs, eager_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from .architectures import find_class
 from .shapes import SHAPES, inputs_at, named_axes

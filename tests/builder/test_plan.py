@@ -109,13 +109,13 @@ def test_the_plan_enters_each_file_at_most_twice(write_recipe, tmp_path, monkeyp
     journey = _journey(build, recipe, tmp_path / "out", monkeypatch)
     visits = _visits(journey, SPINE_FILES)
     # Precondition: the plan did travel, through the model, the inputs, validation and the deployment files.
-    assert {"aot/models.py", "aot/inputs.py", "aot/validate/artifacts.py", "aot/bundle.py"} <= set(visits), visits
+    assert {"aot/models.py", "aot/inputs.py", "aot/builder/checks.py", "aot/bundle.py"} <= set(visits), visits
     assert max(visits.values()) <= 2, (visits, [p for p in journey if p not in SPINE_FILES])
 
 
 def test_no_stage_takes_the_loaded_recipe():
     """Only the loader, the planner and the entry points that take a recipe file see a LoadedRecipe."""
-    allowed = {"aot.recipe.load", "aot.recipe.plan", "aot.builder.spine.build", "aot.validate.artifacts.recipe_of_build"}
+    allowed = {"aot.recipe.load", "aot.recipe.plan", "aot.builder.spine.build", "aot.directory.open.recipe_of_build"}
     takers = []
     for module_info in pkgutil.walk_packages(aot.__path__, "aot."):
         if module_info.name in allowed:

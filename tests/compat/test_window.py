@@ -7,7 +7,7 @@ import logging
 
 from packaging.requirements import Requirement
 
-from aot.builder.manifest import tool_versions
+from aot.directory.manifest import tool_versions
 from aot.compat import window
 from tests.log_messages import messages_of
 

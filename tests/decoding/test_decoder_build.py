@@ -180,7 +180,7 @@ def test_a_model_without_a_cache_is_refused_at_its_class(tmp_path):
 
 
 def test_validating_the_directory_again_generates_again(built):
-    from aot.validate.artifacts import validate_directory
+    from aot.validate.directory import validate_directory
 
     recipe, directory, _ = built["gpt2"]
     report = validate_directory(directory)

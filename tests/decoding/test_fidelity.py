@@ -136,7 +136,7 @@ def test_an_artifact_short_of_the_gate_fails_the_build_naming_the_metric(int4_re
 def test_max_prompts_scores_only_the_files_first_prompts(int4_recipe):
     from aot.recipe.load import load_recipe
     from aot.recipe.plan import plan_build
-    from aot.validate.artifacts import fidelity_reference
+    from aot.builder.checks import fidelity_reference
 
     import transformers
 

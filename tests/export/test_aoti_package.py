@@ -19,7 +19,7 @@ from aot.builder.spine import build
 from aot.errors import ExportError, RecipeError
 from aot.export import AOTI_FILE, AotiCrash, AotiProcess
 from aot.recipe.load import load_recipe
-from aot.validate.artifacts import validate_directory
+from aot.validate.directory import validate_directory
 from tests.conftest import TINY_BERT
 from tests.log_messages import messages_of
 

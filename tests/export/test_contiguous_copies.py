@@ -10,7 +10,7 @@ import transformers
 from aot.export import run_onnx
 from aot.export.contiguous_copies import with_explicit_copies
 from aot.tracing import symbolic_trace
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from .as_built import write_as_built
 

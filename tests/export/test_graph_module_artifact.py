@@ -14,7 +14,7 @@ from transformers.pytorch_utils import Conv1D
 
 from aot.errors import ExportError
 from aot.export import load, save_graph_module
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from . import models
 from .isolated import run_isolated

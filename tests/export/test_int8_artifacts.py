@@ -15,7 +15,7 @@ from aot.export import save_graph_module
 from aot.export.graph_module_artifact import load_standalone
 from aot.passes import MergeLinears, QuantizeLinearInt8
 from aot.runtime import Int8DynamicLinear
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 from tests.ort_int8 import skip_unless_ort_u8s8_sums_exact
 
 from . import models

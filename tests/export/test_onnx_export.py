@@ -10,7 +10,7 @@ import torch.fx
 
 from aot.errors import ExportError
 from aot.export import onnx_export, optimize_onnx, run_onnx
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from . import models
 from .as_built import write_as_built

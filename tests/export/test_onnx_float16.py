@@ -10,7 +10,7 @@ import torch
 
 from aot.builder.spine import build
 from aot.export import run_onnx
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from . import models
 from .as_built import write_as_built

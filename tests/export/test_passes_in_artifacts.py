@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from aot.export import load, save_graph_module
 from aot.passes import FuseBatchNorm2dInConv2d, MergeLinears
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from . import models
 from .as_built import write_as_built

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from aot.export import run_onnx
 from aot.export.onnx_rules import ONNX_RULES, miss_reasons
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 from . import models
 from .as_built import write_as_built

@@ -9,7 +9,7 @@ import transformers
 from aot.errors import ExportError
 from aot.export import save_graph_module
 from aot.tracing import symbolic_trace
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 from tests.export.isolated import run_isolated
 from tests.export.models import text_inputs
 

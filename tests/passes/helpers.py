@@ -12,7 +12,7 @@ from torch.export import Dim
 from torch.fx import GraphModule
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 FRONTENDS = ("fx", "export")
 

@@ -193,7 +193,7 @@ def test_an_int8_layer_keeps_its_prepacked_weight_through_a_move_that_changes_no
 @pytest.mark.parametrize("activations", ["per_tensor", "per_token"])
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_bert_in_int8_stays_close_to_eager_at_several_shapes(attn_implementation, activations):
-    from aot.validate.outputs import flatten_outputs
+    from aot.tracing.outputs import flatten_outputs
     from aot.tracing import symbolic_trace
 
     model = tiny_bert(attn_implementation)

@@ -9,8 +9,8 @@ import transformers
 from aot.errors import TraceError
 from aot.tracing import export_trace
 from aot.tracing.dim_narrowing import narrowed_default_range, suggested_ranges
-from aot.validate.artifacts import eager_outputs
-from aot.validate.outputs import flatten_outputs
+from aot.gates.compare import eager_outputs
+from aot.tracing.outputs import flatten_outputs
 from tests.tracing.tracing_zoo import EXPORT_DIMS, unpadded_token_inputs
 
 MOBILEBERT_REFUSAL = (

@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from aot.tracing import export_trace
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 from tests.tracing.tracing_zoo import EXPORT_DIMS, unpadded_token_inputs
 
 

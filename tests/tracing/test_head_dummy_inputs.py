@@ -8,7 +8,7 @@ import transformers
 
 from aot.tracing import symbolic_trace
 from aot.tracing.dummy_inputs import make_dummy_inputs
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=128)
 SHAPES = [(1, 5), (2, 7), (3, 16)]

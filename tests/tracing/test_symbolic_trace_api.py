@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from aot.errors import TraceError
 from aot.tracing import HFTracer, Scope, disable_hooked_forward, symbolic_trace
 from aot.tracing.torch_functions import bidirectional_attention_mask
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 from tests.tracing.tracing_zoo import ZOO, assert_matches_eager
 
 BERT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]

@@ -9,7 +9,7 @@ import torch
 
 from aot.errors import TraceError
 from aot.tracing import symbolic_trace
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 from tests.tracing.tracing_zoo import ZOO, _text_inputs, assert_matches_eager
 
 

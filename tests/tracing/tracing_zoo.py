@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import transformers as tf
 
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 VOCAB = 99
 TEXT_SHAPES = [(2, 16), (1, 5), (3, 23)]

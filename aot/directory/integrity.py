@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from aot.builder.manifest import MANIFEST_NAME, sha256_file
+from aot.directory.manifest import MANIFEST_NAME, sha256_file
 from aot.errors import IntegrityError, RecipeError
 
 

@@ -29,7 +29,7 @@ import torch
 from aot.inputs import text_lines
 from aot.recipe.plan import GatePlan
 from aot.recipe.schema import AccuracySpec, DimSpec
-from aot.validate.outputs import flatten_outputs
+from aot.tracing.outputs import flatten_outputs
 
 Batch = dict[str, torch.Tensor]
 

@@ -149,7 +149,7 @@ def test_a_rehashed_recipe_factory_runs_without_consent_under_no_command(copy_bu
 
 
 def test_a_build_of_this_machine_and_a_published_digest_are_consent(copy_build, tmp_path):
-    from aot.builder.consent import built_here
+    from aot.directory.consent import built_here
 
     build = copy_build()
     digest = _manifest_sha256(build)

@@ -11,7 +11,7 @@ from aot.errors import RecipeError
 from aot.recipe.load import load_recipe
 from aot.recipe.plan import plan_build
 from aot.recipe.schema import AccuracySpec
-from aot.validate.accuracy import AccuracyData, measure
+from aot.gates.accuracy import AccuracyData, measure
 from tests.conftest import TINY_BERT, run_aot
 
 GATED = TINY_BERT.replace("  - merge_linears\n", "  - merge_linears\n  - approximate_gelu\n") + """\
@@ -63,7 +63,7 @@ def test_bad_gates_are_refused_at_load(write_recipe, tmp_path, edit, message):
 
 
 def test_text_data_for_a_model_from_a_config_names_its_tokenizer(write_recipe, tmp_path):
-    from aot.validate.accuracy import accuracy_data
+    from aot.gates.accuracy import accuracy_data
 
     (tmp_path / "sentences.txt").write_text("A man is eating food.\nThe cat sat on the mat.\nIt rains.\n")
     textual = GATED.replace("COSINE_MEAN", "0.9").replace("data: data.safetensors", "data: sentences.txt")

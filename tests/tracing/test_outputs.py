@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aot.tracing import export_trace, symbolic_trace
-from aot.validate.outputs import flatten_outputs, graph_output_names
+from aot.tracing.outputs import flatten_outputs, graph_output_names
 from tests.tracing.tracing_zoo import ZOO
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from aot.builder.manifest import MANIFEST_NAME
+from aot.directory.manifest import MANIFEST_NAME
 from aot.errors import ExportError, RecipeError
 from aot.process.libc import function
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from aot.errors import PassError
 from aot.recipe.schema import PassSpec
-from aot.validate.eager_guard import changed_tensor, check_after_each_pass, fingerprint
+from aot.gates.eager_guard import changed_tensor, check_after_each_pass, fingerprint
 
 SPECS = [PassSpec(name="merge_linears"), PassSpec(name="remove_dropout")]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from aot.builder import manifest
-from aot.builder.manifest import describe_files, hash_files
+from aot.directory import manifest
+from aot.directory.manifest import describe_files, hash_files
 
 
 def _tree(root):
