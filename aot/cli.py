@@ -267,7 +267,7 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.pass_context
 def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, gap_ms, in_process, new_tokens,
                   recipe, expect_sha256, trust_code, as_json) -> None:
-    """Time eager, the saved GraphModule, ONNX Runtime and the AOTInductor package, each in its own process, on TARGET (a build directory or a recipe)."""
+    """Time eager and every artifact the build wrote (the saved GraphModule, ONNX Runtime, a compiled package), each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
     from aot.bench.peers import peer_names
@@ -352,8 +352,9 @@ def _print_bench(report) -> None:
 @main.command(name="run")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.argument("texts", nargs=-1)
-@click.option("--runtime", type=click.Choice(["onnx", "torch", "aoti"]), default="onnx", show_default=True,
-              help="ONNX Runtime, graph_module/module.py with torch, or the AOTInductor package (code, both: see --trust-code).")
+@click.option("--runtime", default="onnx", show_default=True,
+              help="Which artifact answers: onnx (ONNX Runtime), torch (graph_module/module.py), or any other kind the build "
+              "wrote (aot.export.kinds; an unknown name lists them). Artifacts that run code need --trust-code.")
 @click.option("--file", "file", type=click.Path(dir_okay=False, path_type=str),
               help="Texts from a file: one a line, or JSONL (.jsonl) with --field. Without TEXT or --file: stdin.")
 @click.option("--field", help="The JSONL field that holds the text (default for .jsonl: text).")

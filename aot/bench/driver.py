@@ -41,17 +41,16 @@ from typing import Any
 import numpy as np
 
 from aot.bench.worker import RunnerHost, RunnerSpec
-from aot.directory.consent import require_consent
-from aot.directory.integrity import verify_directory
-from aot.directory.manifest import AOTI_FILE, cpu_model
+from aot.directory.manifest import cpu_model
+from aot.directory.open import open_build
 from aot.builder.stages import Progress, Stages
 from aot.errors import AotError, RecipeError
-from aot.recipe.plan import BuildPlan, plan_build
-from aot.directory.open import recipe_of_build
+from aot.export.kinds import ARTIFACT_KINDS, artifact_kind
+from aot.recipe.plan import BuildPlan
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_RUNNERS = ("eager", "graph_module", "onnx", "aoti")
+ARTIFACT_RUNNERS = ("eager", *ARTIFACT_KINDS)  # eager, then every artifact kind the build wrote
 MODES = ("processes", "in-process")
 
 
@@ -139,9 +138,9 @@ def bench(
     directory = Path(directory)
     stage = Stages(progress)
     with stage("check_files"):
-        integrity = verify_directory(directory, expect_sha256)
-        require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "aot bench")
-        plan = plan_build(recipe_of_build(directory, integrity.manifest, recipe))
+        opened = open_build(directory, expect_sha256, trust_code)
+        opened.require_consent("aot bench")
+        integrity, plan = opened.integrity, opened.plan(recipe)
     shapes = grid_shapes(plan, grid or {})
     _check_peers_fit(plan, peers)
     if plan.model.decoder_step and new_tokens < 2:
@@ -223,8 +222,7 @@ def _default_threads() -> int:
 
 
 def _artifact_present(directory: Path, runner: str) -> bool:
-    return runner == "eager" or (runner == "graph_module" and (directory / "graph_module").is_dir()) or (
-        runner == "onnx" and (directory / "model.onnx").is_file()) or (runner == "aoti" and (directory / AOTI_FILE).is_file())
+    return runner == "eager" or (directory / artifact_kind(runner).main_file).is_file()
 
 
 @contextlib.contextmanager

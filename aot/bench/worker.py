@@ -39,7 +39,7 @@ class RunnerSpec:
     """What a host needs to load one runner of a checked build directory."""
 
     build: str
-    runner: str  # eager | graph_module | onnx | aoti | a peer's name
+    runner: str  # eager | an artifact kind (aot.export.kinds) | a peer's name
     threads: int
     workdir: str  # shared by the hosts of one bench: the inputs file, the peers' ONNX files
     shapes: list[dict[str, int]]
@@ -108,6 +108,7 @@ class RunnerHost:
     def _load(self) -> tuple[Any, list[dict[str, Any]]]:
         from aot import export
         from aot.bench.cuda_peers import BUILD_PEERS
+        from aot.export.kinds import ARTIFACT_KINDS, OpenOptions, artifact_kind
         from aot.bench.peers import build_peer
         from aot.inputs import dynamic_axes, make_inputs, texts_tokenizer
         from aot.models import load_model
@@ -121,7 +122,7 @@ class RunnerHost:
         if plan.model.decoder_step:
             self.generates = True
             return self._load_generation(plan, build, inputs_file)
-        needs_model = spec.runner not in ("graph_module", "onnx", "aoti", *BUILD_PEERS)  # eager, and the peers built from it
+        needs_model = spec.runner not in (*ARTIFACT_KINDS, *BUILD_PEERS)  # eager, and the peers built from it
         if needs_model:
             model = load_model(plan.model, narrow_weights=False)  # the eager model as users run it
             if not inputs_file.exists():  # the eager host goes first and makes every shape's inputs
@@ -142,11 +143,10 @@ class RunnerHost:
             return (lambda given: saved(**given)), inputs
         if spec.runner == "onnx":
             return _onnx_runner(build / "model.onnx", spec, inputs), inputs
-        if spec.runner == "aoti":  # loaded as users load it: torch's own loader
-            from aot.compat.torch_private import aoti_load_package
-
-            package = aoti_load_package(str(build / export.AOTI_FILE))
-            return (lambda given: package(**given)), inputs
+        if spec.runner in ARTIFACT_KINDS:  # any other kind, opened as users open it: its own open()
+            manifest = json.loads((build / "manifest.json").read_text())
+            opened = artifact_kind(spec.runner).open(build, OpenOptions(manifest, lambda relative: None, threads=spec.threads))
+            return opened, inputs
         runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(plan.inputs, model), Path(spec.workdir), spec.threads,
                             spinning=not spec.shared_process)
         self._eager = (plan.validation.gate, model)

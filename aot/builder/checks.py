@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from aot.builder.bisect import bisect, bisect_gate
+from aot.export.kinds import ArtifactKind, OpenOptions, artifact_kind, in_check_order
 from aot.gates.accuracy import AccuracyResult, Gate
 from aot.gates.compare import Comparison, check_artifact, raise_on_failure, run_module, untimed_stage
 from aot.inputs import ShapeCase, text_lines
@@ -63,10 +64,11 @@ def validate_artifacts(
     gate: Gate | None = None,
     onnx_names: dict[str, str] | None = None,
 ) -> tuple[list[Comparison], list[AccuracyResult]]:
-    """The ONNX model, the saved GraphModule, then the AOTInductor package, in ``directory``: :class:`ArtifactChecks`."""
+    """Every artifact kind's files in ``directory``, in the order a build checks them: :class:`ArtifactChecks`."""
     checks = ArtifactChecks(plan, cases, expected, directory, stage or untimed_stage, gate, onnx_names or {})
     results: tuple[list[Comparison], list[AccuracyResult]] = ([], [])
-    for checked in (checks.onnx(), checks.graph_module(sha256_of), checks.aoti()):
+    for kind in in_check_order():
+        checked = checks.check(kind, sha256_of)
         results[0].extend(checked[0])
         results[1].extend(checked[1])
     return results
@@ -76,10 +78,9 @@ def validate_artifacts(
 class ArtifactChecks:
     """The files a build wrote in ``directory``, loaded as users load them, against eager.
 
-    Each check is skipped (empty lists) when its file is not there, runs under its stage
-    (``validate_onnx``, ``validate_graph_module``, ``validate_aoti``), and with a ``gate`` also scores the
-    artifact on the gate's data. The build runs the two apart: it hashes the ONNX files
-    while ONNX Runtime checks them.
+    Each kind's check is skipped (empty lists) when its file is not there, runs under its stage
+    (``validate_<kind>``), and with a ``gate`` also scores the artifact on the gate's data. The build runs them
+    apart: it hashes the ONNX files while ONNX Runtime checks them.
     """
 
     plan: ValidationPlan
@@ -90,62 +91,25 @@ class ArtifactChecks:
     gate: Gate | None = None
     onnx_input_names: dict[str, str] = field(default_factory=dict)  # {case input: ONNX name} where they differ
 
-    def onnx(self) -> tuple[list[Comparison], list[AccuracyResult]]:
-        """``model.onnx`` in ONNX Runtime."""
-        from aot import export
+    def check(self, kind: ArtifactKind, sha256_of: Callable[[str], str | None] = lambda relative: None
+              ) -> tuple[list[Comparison], list[AccuracyResult]]:
+        """``kind``'s files through its own loader (``checked_runner``) at every shape case, and on the gate's data.
 
-        onnx_path = self.directory / "model.onnx"
-        if not onnx_path.is_file():
-            return [], []
-        accuracy: list[AccuracyResult] = []
-        with self.stage("validate_onnx"):
-            tolerances = self.plan.onnx_tolerance
-            named = lambda inputs: {self.onnx_input_names.get(name, name): value for name, value in inputs.items()}  # noqa: E731
-            run = lambda case: export.run_onnx(onnx_path, named(case.inputs))  # noqa: E731
-            results = check_artifact("onnx", run, self.cases, self.expected, tolerances, "model.onnx in onnxruntime", self._gated)
-            if self.gate is not None:
-                accuracy.append(self.gate.measure("onnx", lambda batch: export.run_onnx(onnx_path, named(batch))))
-            export.release_sessions()
-        release_freed_memory()
-        return results, accuracy
-
-    def graph_module(self, sha256_of: Callable[[str], str | None]) -> tuple[list[Comparison], list[AccuracyResult]]:
-        """``graph_module/`` through its own ``module.py`` (``load``, torch alone), the code users run.
-
-        ``sha256_of(relative path)``: the digest ``module.py`` must have when it is executed (its
-        text is hashed as it is read, so what runs is what was checked).
+        ``sha256_of(relative path)``: the digest code must have when it is executed (``module.py``'s text is
+        hashed as it is read, so what runs is what was checked).
         """
-        from aot import export
-
-        module_file = "graph_module/module.py"
-        if not (self.directory / module_file).is_file():
+        if not (self.directory / kind.main_file).is_file():
             return [], []
         accuracy: list[AccuracyResult] = []
-        with self.stage("validate_graph_module"):
-            # The malloc setting module.py's load makes by default changes no result, only this process's memory.
-            saved = export.load_standalone(self.directory / "graph_module", sha256_of(module_file), keep_freed_memory=False)
-            saved = saved.to(self.plan.device)
-            run = lambda case: run_module(saved, case)  # noqa: E731
-            results = check_artifact("graph_module", run, self.cases, self.expected, self.plan.tolerance, f"{module_file} load()", self._gated)
+        options = OpenOptions(manifest={}, sha256_of=sha256_of, device=str(self.plan.device))
+        with self.stage(f"validate_{kind.name}"), kind.checked_runner(self.directory, options, self.onnx_input_names) as opened:
+            run, run_batch, source = opened
+            results = check_artifact(kind.name, lambda case: run(case.inputs), self.cases, self.expected,
+                                     getattr(self.plan, kind.tolerance), source, self._gated)
             if self.gate is not None:
-                accuracy.append(self.gate.measure("graph_module", lambda batch: saved(**batch)))
-            del saved, run
-        return results, accuracy
-
-    def aoti(self) -> tuple[list[Comparison], list[AccuracyResult]]:
-        """``aoti/model.pt2`` loaded by torch alone in a process of its own: a crash there fails the build, not ends it."""
-        from aot import export
-
-        path = self.directory / export.AOTI_FILE
-        if not path.is_file():
-            return [], []
-        accuracy: list[AccuracyResult] = []
-        with self.stage("validate_aoti"), export.AotiProcess(path, self.plan.device) as package:
-            run = lambda case: package.run(case.inputs)  # noqa: E731
-            source = f"{export.AOTI_FILE} in torch._inductor.aoti_load_package, its own process"
-            results = check_artifact("aoti", run, self.cases, self.expected, self.plan.tolerance, source, self._gated)
-            if self.gate is not None:
-                accuracy.append(self.gate.measure("aoti", package.run))
+                accuracy.append(self.gate.measure(kind.name, run_batch))
+            del run, run_batch, opened
+        release_freed_memory()
         return results, accuracy
 
     @property
@@ -181,8 +145,7 @@ def fidelity_reference(plan: FidelityPlan | None) -> Callable[[torch.nn.Module],
 
 def saved_graph_module_opener(sha256_of: Callable[[str], str | None]) -> Callable[[Path], torch.nn.Module]:
     """``open(folder)`` of a saved GraphModule whose ``module.py`` must hash as ``sha256_of`` says (for the decoder's
-    generation check). The malloc setting ``module.py``'s load makes by default changes no result, only memory."""
-    from aot import export
-
-    return lambda folder: export.load_standalone(folder, sha256_of(f"{folder.name}/module.py"), keep_freed_memory=False)
-
+    generation check): the GraphModule kind's own loader. The malloc setting ``module.py``'s load makes by default
+    changes no result, only memory."""
+    graph_module = artifact_kind("graph_module")
+    return lambda folder: graph_module.open_module(folder.parent, sha256_of, keep_freed_memory=False)

@@ -28,6 +28,7 @@ import torch
 from aot.inputs import ShapeCase
 from aot.process.forked import ForkedStep
 from aot.recipe.schema import OnnxSpec, ModelSpec
+from aot.export.onnx_artifact import float16_after_writing, optimizes_after_writing, writer_options
 from aot.gates.compare import run_module
 from aot.tracing.outputs import graph_output_names
 
@@ -75,22 +76,8 @@ class OnnxStage:
             if os.getpid() != parent and model is not None:
                 model.to(device="meta")  # in the child only: the graph becomes its weights' last owner
             del model
-            return export.write_onnx(
-                graph_module,
-                path,
-                cases[0].inputs,
-                axes,
-                opset=options.opset,
-                optimize=options.exporter_optimize,
-                external_data=True if options.external_data == "always" else None,
-                ort_fusions=options.target if options.optimize == "ort_fusions" else None,
-                output_names=output_names,
-                dim_ranges=ranges,
-                input_names=input_names,
-                int8_prompts=options.int4_prompts == "int8_gemm",
-                # The transformer optimizer matches float32 patterns: it converts after its fusions.
-                float16=options.float16 and options.optimize != "transformer",
-            )
+            return export.write_onnx(graph_module, path, cases[0].inputs, axes, output_names=output_names, dim_ranges=ranges,
+                                     input_names=input_names, **writer_options(options))
 
         return cls(options, ForkedStep("export_onnx", export_onnx, on_child=on_child))
 
@@ -122,11 +109,11 @@ class OnnxStage:
             return {}
         with stage("export_onnx"):  # the wait for the child, beyond the stages that ran beside it
             fusions = self._step.result().fusions
-        if self.options.optimize == "transformer":
+        if optimizes_after_writing(self.options):
             from aot import export
 
             with stage("optimize_onnx"):  # ONNX Runtime's optimizer works on files: it loads the weights whole
-                export.optimize_onnx(path, self.options.optimize, model, self.options.target, float16=self.options.float16)
+                export.optimize_onnx(path, self.options.optimize, model, self.options.target, float16=float16_after_writing(self.options))
         return fusions
 
     def cancel(self) -> None:

@@ -28,7 +28,7 @@ class BuildReport:
     onnx_fusions: dict[str, int] = field(default_factory=dict)
     generation: list[GenerationCheck] = field(default_factory=list)
     deployment: Deployment | None = None
-    aoti: dict[str, Any] | None = None  # what export.write_aoti_package records of the AOTInductor package
+    written: dict[str, Any] = field(default_factory=dict)  # {artifact kind: what its writer returned}
 
     @property
     def ok(self) -> bool:

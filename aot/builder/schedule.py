@@ -164,7 +164,8 @@ class BuildSchedule:
         release_freed_memory()
 
     def _drop_graph(self) -> None:
-        self._work.graph = self._work.module_graph = None
+        self._work.graph = None
+        self._work.kind_graphs.clear()
         release_freed_memory()
 
     def _note_memory(self, stage: str) -> None:

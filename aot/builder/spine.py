@@ -19,6 +19,7 @@ from aot.builder.report import BuildReport
 from aot.builder.schedule import BuildSchedule
 from aot.builder.stages import Progress
 from aot.compat.window import warn_outside_window
+from aot.export.kinds import enabled_kinds, in_check_order
 from aot.process.memory import MemoryWatch
 from aot.recipe.load import LoadedRecipe, load_recipe
 from aot.recipe.plan import BuildPlan, plan_build
@@ -77,16 +78,19 @@ def _build(plan: BuildPlan, work: steps.Work, report: BuildReport, schedule: Bui
     steps.prepare_graph_module(export, work)
     run("graph_module_passes", steps.graph_module_passes, export, work, report,
         when=export.graph_module.enabled and bool(export.graph_module_passes))
-    run("export_graph_module", steps.write_graph_module, work, when=export.graph_module.enabled)
-    run("export_aoti", steps.write_aoti, work, report, when=export.aoti.enabled)
+    kinds = enabled_kinds(export)
+    for kind in kinds:
+        if not kind.written_beside:
+            run(f"export_{kind.name}", steps.write_artifact, kind, work, report)
     schedule.finish_onnx_export()
 
     checks = steps.artifact_checks(plan.validation, work)
-    schedule.run_hashing_beside("validate_onnx", lambda: steps.add_checked(report, checks.onnx()))
-    # module.py runs as hashed: what the manifest lists is what was validated.
-    sha256_of = lambda relative: report.files[relative]["sha256"]  # noqa: E731
-    run("validate_graph_module", lambda: steps.add_checked(report, checks.graph_module(sha256_of)), when=export.graph_module.enabled)
-    run("validate_aoti", lambda: steps.add_checked(report, checks.aoti()), when=export.aoti.enabled)
+    # Code runs as hashed: what the manifest lists is what was validated.
+    for kind in in_check_order():
+        if kind.written_beside:  # its check overlaps the hashing of what it wrote (and of the rest)
+            schedule.run_hashing_beside(f"validate_{kind.name}", steps.check_artifact_files, checks, kind, report)
+        elif kind in kinds:
+            run(f"validate_{kind.name}", steps.check_artifact_files, checks, kind, report)
     run("validate_generation", steps.check_generation, work, report, when=plan.validation.generation is not None)
     raise_on_failure(report.validation, report.accuracy + report.generation)
     schedule.last(steps.write_build_manifest, plan, work, report)

@@ -28,7 +28,8 @@ from aot.models import load_model, load_tokenizer
 from aot.passes.base import CALIBRATION_KEY
 from aot.recipe.plan import BuildPlan, CalibrationPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
 from aot.gates.accuracy import make_gate
-from aot.builder.checks import ArtifactChecks, saved_graph_module_opener, generation_reference, validate_graph
+from aot.builder.checks import ArtifactChecks, generation_reference, saved_graph_module_opener, validate_graph
+from aot.export.kinds import ArtifactKind, WriteContext, artifact_kinds
 from aot.gates.compare import eager_outputs, eager_runner, untimed_stage
 from aot.gates.eager_guard import check_after_each_pass
 from aot.weights_dtype import widen_leftover_linears
@@ -56,7 +57,7 @@ class Work:
     ranges: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # {dim: (min, max)}
     onnx_names: dict[str, str] = field(default_factory=dict)  # {input: ONNX input name} where they differ
     graph: torch.fx.GraphModule | None = None
-    module_graph: torch.fx.GraphModule | None = None  # the graph after export.graph_module.passes: graph_module/'s
+    kind_graphs: dict[str, torch.fx.GraphModule] = field(default_factory=dict)  # lowered for one kind (export.<kind>.passes)
     reference: EagerReference | None = None
     hashed: dict[str, Any] = field(default_factory=dict)  # files hashed while the ONNX export ran
 
@@ -142,21 +143,14 @@ def prepare_graph_module(plan: ExportPlan, work: Work) -> None:
 
 def graph_module_passes(plan: ExportPlan, work: Work, report: BuildReport) -> None:
     """``export.graph_module.passes``: for the saved GraphModule only (the ONNX export took the graph before them)."""
-    work.module_graph, records = run_pipeline(work.graph, list(plan.graph_module_passes))
+    work.kind_graphs["graph_module"], records = run_pipeline(work.graph, list(plan.graph_module_passes))
     report.passes += records
 
 
-def write_graph_module(work: Work) -> None:
-    from aot import export
-
-    export.save_graph_module(work.module_graph or work.graph, work.staging / "graph_module")
-
-
-def write_aoti(work: Work, report: BuildReport) -> None:
-    from aot import export
-
-    report.aoti = export.write_aoti_package(work.graph, work.cases[0].inputs, work.axes, work.ranges,
-                                            work.staging / export.AOTI_FILE)
+def write_artifact(kind: ArtifactKind, work: Work, report: BuildReport) -> None:
+    """One artifact kind's files, written into the staging directory by the kind's own writer."""
+    graph = work.kind_graphs.get(kind.name, work.graph)  # a graph lowered for this kind alone, where it has one
+    report.written[kind.name] = kind.write(graph, WriteContext(work.staging, work.cases[0].inputs, work.axes, work.ranges))
 
 
 def artifact_checks(plan: ValidationPlan, work: Work) -> ArtifactChecks:
@@ -165,8 +159,9 @@ def artifact_checks(plan: ValidationPlan, work: Work) -> ArtifactChecks:
     return ArtifactChecks(plan, work.cases, reference.expected, work.staging, untimed_stage, reference.gate, work.onnx_names)
 
 
-def add_checked(report: BuildReport, checked: tuple[list, list]) -> None:
-    validation, accuracy = checked
+def check_artifact_files(checks: ArtifactChecks, kind: ArtifactKind, report: BuildReport) -> None:
+    """One kind's files, loaded as users load them, against eager; code runs only as hashed (``report.files``)."""
+    validation, accuracy = checks.check(kind, lambda relative: report.files[relative]["sha256"])
     report.validation += validation
     report.accuracy += accuracy
 
@@ -193,7 +188,7 @@ def manifest(plan: BuildPlan, report: BuildReport) -> dict[str, Any]:
         "accuracy": [a.to_json() for a in report.accuracy],
         "generation": [g.to_json() for g in report.generation],
         DEPLOYMENT_KEY: report.deployment.to_json() if report.deployment is not None else None,
-        "aoti": report.aoti,
+        **{kind.manifest_key: kind.manifest_section(report.written.get(kind.name)) for kind in artifact_kinds() if kind.manifest_key},
         "artifacts": report.files,
         # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.
         "run": {

@@ -11,9 +11,6 @@ from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
-# Where a build directory holds its AOTInductor package (export.aoti): named here, in a module that imports no
-# exporter, for the writer (aot.export), the bench and aot.load alike.
-AOTI_FILE = "aoti/model.pt2"
 
 TOOLS = ("torch", "transformers", "onnx", "onnxruntime", "onnxscript", "aot")
 

@@ -34,6 +34,7 @@ header builds in ``AOTInductorModel``'s constructor (``benchmarks/aoti_load_prob
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import pickle
@@ -48,16 +49,18 @@ from typing import Any
 import torch
 import torch.fx
 
-from aot.directory.manifest import AOTI_FILE, cpu_model
+from aot.directory.manifest import cpu_model
 from aot.compat.torch_private import aoti_compile_and_package
 from aot.errors import ExportError, first_line
 from aot.process.quiet import quiet_torch
 from aot.tracing.outputs import flatten_outputs
 
 from .export_shapes import dynamic_shapes_of, ordered_inputs
+from .kinds import ArtifactKind, OpenOptions, WriteContext
 
 logger = logging.getLogger(__name__)
 
+AOTI_FILE = "aoti/model.pt2"  # where a build directory holds the package
 _CHILD = Path(__file__).with_name("aoti_child.py")
 # What the manifest says of the package's bytes; benchmarks/same_bytes.py's compare measured it.
 NOT_REPRODUCIBLE = ("torch writes a random serialization_id into every .pt2 archive, and Inductor appends its compile "
@@ -196,3 +199,59 @@ def _last_words(stderr: str) -> str:
 
 class AotiCrash(ExportError):
     """The process running an AOTInductor package died."""
+
+
+class AotiRunnable:
+    """``aoti/model.pt2`` loaded in this process by ``torch._inductor.aoti_load_package``, as users load it.
+
+    ``package``: the manifest's ``aoti`` entry: the inputs the package takes, and the device it was compiled for
+    (a CUDA package takes its inputs there; its outputs come back to the CPU).
+    """
+
+    runtime = "aoti"
+
+    def __init__(self, path: Path, package: dict[str, Any]):
+        from aot.compat.torch_private import aoti_load_package
+
+        self.run = aoti_load_package(str(path))
+        self.input_names = list(package["inputs"])
+        self.device = "cuda" if package["compiled_for"].startswith("cuda") else "cpu"
+
+    @torch.no_grad()
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        outputs = self.run(**{name: inputs[name].to(self.device) for name in self.input_names})
+        return {name: value.cpu() for name, value in outputs.items()}
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id=None, pad_token_id=None) -> torch.Tensor:
+        raise NotImplementedError("the AOTInductor package has no generate(): use runtime 'onnx' or 'torch'")
+
+
+class AotiKind(ArtifactKind):
+    """The AOTInductor package (``export.aoti``): written by :func:`write_aoti_package`, checked in a process of its
+    own (:class:`AotiProcess`), opened in the caller's by torch's own loader (:class:`AotiRunnable`)."""
+
+    title = "AOTInductor package"
+    name = "aoti"
+    runtime = "aoti"
+    main_file = AOTI_FILE
+    runs_code = True  # a compiled shared library
+    generates = False
+    manifest_key = "aoti"
+
+    def write(self, graph: torch.fx.GraphModule, context: WriteContext) -> dict[str, Any]:
+        return write_aoti_package(graph, context.example_inputs, context.dynamic_dims, context.dim_ranges, context.directory / AOTI_FILE)
+
+    def manifest_section(self, written: Any) -> dict[str, Any] | None:
+        return written
+
+    def open(self, directory: Path, options: OpenOptions) -> AotiRunnable:
+        return AotiRunnable(directory / AOTI_FILE, options.manifest["aoti"])
+
+    @contextlib.contextmanager
+    def checked_runner(self, directory: Path, options: OpenOptions, input_names: dict[str, str]):
+        with AotiProcess(directory / AOTI_FILE, options.device) as package:
+            yield package.run, package.run, f"{AOTI_FILE} in torch._inductor.aoti_load_package, its own process"
+
+
+AOTI = AotiKind()
+

@@ -1,6 +1,6 @@
 """What ``torch.export`` is given for a traced graph: its example inputs in order, and its dynamic shapes.
 
-Shared by the ONNX export and the AOTInductor package, which both export the same graph.
+Shared by the ONNX export and the compiled package, which both export the same graph.
 """
 
 from __future__ import annotations

@@ -32,11 +32,13 @@ import torch.fx
 from aot.errors import ExportError, IntegrityError
 
 from .graph_codec import decode_graph, dumps, encode_graph
+from .kinds import ArtifactKind, OpenOptions, WriteContext
 from .node_meta import decode_meta
 from .module_writer import WEIGHTS_FILE, write_module_source
 
 logger = logging.getLogger(__name__)
 
+FOLDER = "graph_module"  # the artifact's folder in a build directory
 MODULE_FILE = "module.py"
 META_FILE = "meta.json"
 
@@ -148,3 +150,76 @@ def _storable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             storages.add(key)
         storable[name] = tensor
     return storable
+
+
+class TorchRunnable:
+    """``graph_module/module.py`` loaded as users load it, from the very bytes the manifest hashed."""
+
+    runtime = "torch"
+
+    def __init__(self, folder: Path, module_sha256: str | None):
+        self.model = load_standalone(folder, module_sha256)
+        self.input_names = _forward_names(self.model)
+
+    @torch.no_grad()
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from aot.tracing.outputs import flatten_outputs
+
+        wanted = inputs if self.input_names is None else {name: value for name, value in inputs.items() if name in self.input_names}
+        return flatten_outputs(self.model(**wanted))
+
+    @torch.no_grad()
+    def generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id=None, pad_token_id=None) -> torch.Tensor:
+        return self.model.generate(input_ids, attention_mask, max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+
+
+def _forward_names(model: torch.nn.Module) -> list[str] | None:
+    """The forward's parameter names; None where it takes any keyword (CUDA graph buckets pass all on)."""
+    parameters = inspect.signature(model.forward).parameters
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return None
+    return [name for name in parameters if name != "self"]
+
+
+class GraphModuleKind(ArtifactKind):
+    """The saved GraphModule (``export.graph_module``): torch-only ``module.py``, safetensors weights, ``meta.json``.
+
+    Its one loader is ``module.py``'s own ``load`` (:func:`load_standalone`, from the bytes the manifest hashed);
+    :func:`load` rebuilds the graph itself on top of it for aot's own use.
+    """
+
+    title = "GraphModule"
+    name = "graph_module"
+    runtime = "torch"
+    main_file = f"{FOLDER}/{MODULE_FILE}"
+    runs_code = True  # module.py
+
+    def write(self, graph: torch.fx.GraphModule, context: WriteContext) -> list[Path]:
+        return save_graph_module(graph, context.directory / FOLDER)
+
+    def open(self, directory: Path, options: OpenOptions) -> TorchRunnable:
+        return TorchRunnable(directory / FOLDER, options.sha256_of(self.main_file))
+
+    def open_module(self, directory: Path, sha256_of, *, keep_freed_memory: bool = True) -> torch.nn.Module:
+        """The ``torch.nn.Module`` that ``module.py``'s ``load`` returns (a decoder's has ``generate``)."""
+        return load_standalone(directory / FOLDER, sha256_of(self.main_file), keep_freed_memory=keep_freed_memory)
+
+    @contextlib.contextmanager
+    def checked_runner(self, directory: Path, options: OpenOptions, input_names: dict[str, str]):
+        # The malloc setting module.py's load makes by default changes no result, only this process's memory.
+        saved = self.open_module(directory, options.sha256_of, keep_freed_memory=False).to(options.device)
+
+        def run(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            from aot.tracing.outputs import flatten_outputs
+
+            with torch.no_grad():
+                return flatten_outputs(saved(**inputs))
+
+        try:
+            yield run, lambda batch: saved(**batch), f"{self.main_file} load()"
+        finally:
+            del saved, run
+
+
+GRAPH_MODULE = GraphModuleKind()
+

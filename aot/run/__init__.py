@@ -1,6 +1,5 @@
 """Use a build directory: :func:`load` (``aot.load``) and the ``aot run`` command's library side."""
 
-from .artifacts import RUNTIMES
 from .built_model import POOLINGS, BuiltModel, load
 
-__all__ = ["POOLINGS", "RUNTIMES", "BuiltModel", "load"]
+__all__ = ["POOLINGS", "BuiltModel", "load"]

@@ -1,6 +1,6 @@
 """``aot.load(DIR)``: a verified build directory as a model that takes text and answers in the task's terms.
 
-    model = aot.load("out/minilm")                 # ONNX Runtime; runtime="torch" runs module.py, "aoti" aoti/model.pt2
+    model = aot.load("out/minilm")                 # ONNX Runtime; runtime="torch" runs module.py (aot.export.kinds)
     model.embed(["A man is eating food.", "A man eats."])      # (2, 384): the recipe's pooling
     model.similarity(["A man is eating food.", "A man eats."]) # (2, 2) cosine similarities
     model.classify(["great film"])                 # [[("POSITIVE", 0.93), ...]]: id2label, softmax
@@ -10,8 +10,8 @@
     model({"input_ids": ..., "attention_mask": ...})           # token ids in, outputs out
 
 Every file is checked against the manifest first, as ``aot validate`` does (exit 7 on a mismatch),
-and ``runtime="torch"`` runs ``module.py`` (``"aoti"``: the AOTInductor package's compiled code) only with
-consent (:mod:`aot.directory.consent`). The tokenizer and
+and an artifact that runs the directory's code (``runtime="torch"``'s ``module.py``, a compiled package) opens only
+with consent (:mod:`aot.directory.consent`). The tokenizer and
 config are the ones the build shipped and checked (:mod:`aot.bundle`); nothing is read from
 elsewhere. Text longer than the build's largest sequence is truncated to it, and the result says
 which inputs were (``truncated``).
@@ -27,19 +27,14 @@ from typing import Any
 
 import torch
 
-from aot.directory.consent import require_consent
-from aot.directory.integrity import verify_directory
-from aot.directory.manifest import AOTI_FILE
 from aot.bundle import DEPLOYMENT_KEY
+from aot.directory.open import open_build
 from aot.errors import RecipeError
-
-from .artifacts import RUNTIMES, AotiArtifact, OnnxArtifact, TorchArtifact
+from aot.export.kinds import OpenOptions, artifact_kinds, kind_of_runtime, runtimes
 
 log = logging.getLogger(__name__)
 
 POOLINGS = ("mean", "cls", "none")
-_ONNX_FILE = "model.onnx"
-_MODULE_FILE = "graph_module/module.py"
 
 
 @dataclass
@@ -223,27 +218,22 @@ class BuiltModel:
 def load(directory: str | Path, runtime: str = "onnx", *, expect_sha256: str | None = None, trust_code: bool = False,
          threads: int | None = None) -> BuiltModel:
     """A build directory, verified against its manifest, with the chosen artifact loaded; see the module docstring."""
-    if runtime not in RUNTIMES:
-        raise RecipeError(f"runtime '{runtime}' is not one of {', '.join(RUNTIMES)}")
-    directory = Path(directory)
-    integrity = verify_directory(directory, expect_sha256)
-    manifest = integrity.manifest
+    if runtime not in runtimes():
+        raise RecipeError(f"runtime '{runtime}' is not one of {', '.join(runtimes())}")
+    kind = kind_of_runtime(runtime)
+    opened = open_build(directory, expect_sha256, trust_code)
+    manifest = opened.manifest
     decoder = (manifest.get(DEPLOYMENT_KEY) or {}).get("task") == "decoder"
-    if runtime == "onnx":
-        if integrity.sha256_of(_ONNX_FILE) is None:
-            raise RecipeError(f"{directory}: this build has no ONNX model: use runtime 'torch'")
-        return BuiltModel(directory, manifest, OnnxArtifact(directory / _ONNX_FILE, decoder, threads))
-    if runtime == "aoti":
-        if integrity.sha256_of(AOTI_FILE) is None or not manifest.get("aoti"):
-            raise RecipeError(f"{directory}: this build has no AOTInductor package (export.aoti): use runtime 'onnx' or 'torch'")
-        if decoder:
-            raise RecipeError(f"{directory}: a decoder's AOTInductor package cannot generate: use runtime 'onnx' or 'torch'")
-        require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "the aoti runtime")
-        return BuiltModel(directory, manifest, AotiArtifact(directory / AOTI_FILE, manifest["aoti"]))
-    if integrity.sha256_of(_MODULE_FILE) is None:
-        raise RecipeError(f"{directory}: this build has no GraphModule: use runtime 'onnx'")
-    require_consent(directory, integrity.manifest_sha256, expect_sha256, trust_code, "the torch runtime")
-    return BuiltModel(directory, manifest, TorchArtifact(directory / "graph_module", integrity.sha256_of(_MODULE_FILE)))
+    others = " or ".join(f"'{other.runtime}'" for other in artifact_kinds() if other is not kind and opened.sha256_of(other.main_file))
+    instead = f": use runtime {others}" if others else ""
+    if opened.sha256_of(kind.main_file) is None or (kind.manifest_key and not manifest.get(kind.manifest_key)):
+        raise RecipeError(f"{opened.directory}: this build has no {kind.title} (export.{kind.name}){instead}")
+    if decoder and not kind.generates:
+        raise RecipeError(f"{opened.directory}: a decoder's {kind.title} cannot generate{instead}")
+    if kind.runs_code:
+        opened.require_consent(f"the {runtime} runtime")
+    artifact = kind.open(opened.directory, OpenOptions(manifest, opened.sha256_of, decoder=decoder, threads=threads))
+    return BuiltModel(opened.directory, manifest, artifact)
 
 
 def cosine_similarities(vectors: torch.Tensor) -> torch.Tensor:

@@ -12,15 +12,13 @@ from typing import Any
 
 from aot.builder.checks import generation_reference, saved_graph_module_opener, validate_artifacts
 from aot.builder.stages import Progress, Stages
-from aot.directory.consent import require_consent
-from aot.directory.integrity import verify_directory
-from aot.directory.open import recipe_of_build
+from aot.directory.open import open_build
 from aot.gates.accuracy import AccuracyResult, make_gate
 from aot.gates.compare import Comparison, eager_outputs, eager_runner, raise_on_failure
 from aot.inputs import onnx_input_names, shape_cases
 from aot.models import load_model
 from aot.process.memory import release_freed_memory
-from aot.recipe.plan import DeploymentPlan, plan_build
+from aot.recipe.plan import DeploymentPlan
 
 
 @dataclass
@@ -63,10 +61,10 @@ def validate_directory(
     """
     stage = Stages(progress)
     with stage("check_files"):
-        integrity = verify_directory(directory, expect_sha256)
-        require_consent(Path(directory), integrity.manifest_sha256, expect_sha256, trust_code, "aot validate")
-    directory = Path(directory)
-    plan = plan_build(recipe_of_build(directory, integrity.manifest, recipe_path))
+        opened = open_build(directory, expect_sha256, trust_code)
+        opened.require_consent("aot validate")
+    directory, integrity = opened.directory, opened.integrity
+    plan = opened.plan(recipe_path)
     with stage("check_tokenizer"):
         check_deployment_preprocessing(plan.deployment, directory, integrity.manifest)
     with stage("load_model"):

@@ -17,7 +17,7 @@ import torch
 
 from aot.builder.spine import build
 from aot.errors import ExportError, RecipeError
-from aot.export import AOTI_FILE, AotiCrash, AotiProcess
+from aot.export.aoti_package import AOTI_FILE, AotiCrash, AotiProcess
 from aot.recipe.load import load_recipe
 from aot.validate.directory import validate_directory
 from tests.conftest import TINY_BERT
@@ -155,10 +155,8 @@ def test_cuda_package_is_built_and_validated_on_the_gpu(tmp_path: Path) -> None:
 
 
 def test_aot_load_runs_the_package_as_the_torch_runtime_runs_module_py(built: Path, tiny_build: Path) -> None:
-    from aot.run.built_model import AOTI_FILE as RUN_AOTI_FILE
     from aot.run.built_model import load
 
-    assert RUN_AOTI_FILE == AOTI_FILE
     package, module = load(built, "aoti"), load(built, "torch")
     assert package.runtime == "aoti"
     inputs = _inputs(2, 9)
