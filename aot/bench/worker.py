@@ -106,7 +106,6 @@ class RunnerHost:
             return (time.perf_counter() - started) * 1000
 
     def _load(self) -> tuple[Any, list[dict[str, Any]]]:
-        from aot import export
         from aot.bench.cuda_peers import BUILD_PEERS
         from aot.export.kinds import ARTIFACT_KINDS, OpenOptions, artifact_kind
         from aot.bench.peers import build_peer
@@ -137,7 +136,7 @@ class RunnerHost:
             return (lambda given: model(**given, **extra)), inputs
         if spec.runner in ("graph_module", "graph_module_uncaptured"):
             device = inputs[0][next(iter(inputs[0]))].device
-            saved = export.load_standalone(build / "graph_module", spec.module_sha256).to(device)
+            saved = artifact_kind("graph_module").open_module(build, lambda relative: spec.module_sha256).to(device)
             if spec.runner == "graph_module_uncaptured":  # the model behind the CUDA graph buckets, called as it is
                 saved = saved.model
             return (lambda given: saved(**given)), inputs
@@ -154,8 +153,8 @@ class RunnerHost:
 
     def _load_generation(self, plan: Any, build: Path, inputs_file: Path) -> tuple[Any, list[dict[str, Any]]]:
         """A decoder build's runner: eager generate, or a greedy loop over the saved step or the ONNX model."""
-        from aot import export
         from aot.bench import generation
+        from aot.export.kinds import artifact_kind
         from aot.models import load_model
 
         spec = self.spec
@@ -168,7 +167,7 @@ class RunnerHost:
                 torch.save([generation.prompt_inputs(step.config.vocab_size, shape, seed) for shape in spec.shapes], inputs_file)
             generate = generation.eager_generate(step.causal_lm)
         elif spec.runner == "graph_module":
-            saved = export.load_standalone(build / "graph_module", spec.module_sha256)
+            saved = artifact_kind("graph_module").open_module(build, lambda relative: spec.module_sha256)
             names = type(saved).generate.__globals__  # module.py's own step inputs and past layout
             generate = generation.step_generate(generation.graph_module_step(saved, names["STEP_INPUTS"]), names["PAST_LAYOUT"])
         elif spec.runner == "onnx":

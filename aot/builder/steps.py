@@ -179,7 +179,7 @@ def manifest(plan: BuildPlan, report: BuildReport) -> dict[str, Any]:
     return {
         "manifest_version": MANIFEST_VERSION,
         "name": plan.name,
-        "recipe": {"path": str(plan.recipe.path), "sha256": plan.recipe.sha256, "resolved": plan.recipe.resolved},
+        "recipe": plan.recipe.to_manifest(),
         "versions": tool_versions(),
         "trace": {key: value for key, value in report.trace.items() if key != "duration_s"},
         "passes": [{k: v for k, v in p.to_json().items() if k != "seconds"} for p in report.passes],

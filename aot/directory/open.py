@@ -66,7 +66,7 @@ def recipe_of_build(directory: Path, manifest: dict[str, Any], recipe_path: str 
     if not source.is_file():
         raise RecipeError(f"{source}: recipe not found; pass --recipe")
     try:
-        loaded = load_recipe(source)
+        loaded = load_recipe(source, overrides=recorded.get("overrides", ()))  # the --set the build was given
     except RecipeError as error:
         if not copy:
             raise

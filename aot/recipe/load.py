@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -21,15 +22,18 @@ from typing import Any
 import pydantic
 
 from aot.errors import RecipeError, did_you_mean, first_line
-from aot.recipe.locator import Located, RecipeLocator, line_for
+from aot.recipe.locator import Located, RecipeLocator
+from aot.recipe.overrides import apply_overrides
 from aot.recipe.ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes, sequence_demands
-from aot.recipe.reader import Location, dotted, parse_recipe_yaml, read_recipe_text
+from aot.recipe.reader import Location, parse_recipe_yaml, read_recipe_text
 from aot.recipe.schema import FidelitySpec, PassSpec, Recipe
 
 
 @dataclass
 class LoadedRecipe:
     """A parsed recipe plus what is needed to point at its lines.
+
+    ``text`` and ``sha256`` are the file's; ``recipe`` is the file with its ``overrides`` (``--set``) applied.
 
     What a build needs from it is resolved once (paths, the tokenizer's source) and taken
     apart into the sections each stage takes by :func:`aot.recipe.plan.plan_build`: no stage takes this.
@@ -41,6 +45,8 @@ class LoadedRecipe:
     text: str
     lines: dict[Location, int] = field(repr=False)
     graph_module_passes: list[PassSpec] = field(default_factory=list)
+    overrides: tuple[str, ...] = ()  # the --set KEY=VALUE applied, as given, in order
+    overridden: dict[Location, str] = field(default_factory=dict, repr=False)  # where each value a --set gave is
 
     @property
     def name(self) -> str:
@@ -52,7 +58,7 @@ class LoadedRecipe:
 
     @cached_property
     def locator(self) -> RecipeLocator:
-        return RecipeLocator(self.path, self.lines)
+        return RecipeLocator(self.path, self.lines, self.overridden)
 
     def where(self, *location: str | int) -> str:
         """``file:line`` of the deepest part of ``location`` the file spells out."""
@@ -114,17 +120,24 @@ class LoadedRecipe:
         return (self.path.parent / fidelity.prompts).resolve() if fidelity is not None else None
 
 
-def load_recipe(path: str | Path) -> LoadedRecipe:
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
+    """The recipe at ``path``, with ``overrides`` (``"model.config.num_hidden_layers=2"``, as ``--set`` takes them:
+    :mod:`aot.recipe.overrides`) applied to its data before any check; the file is only read."""
     path = Path(path)
+    if isinstance(overrides, str):
+        raise TypeError("overrides is a sequence of 'KEY=VALUE' strings, not one string")
+    overrides = tuple(overrides)
     text = read_recipe_text(path)
     data, lines = parse_recipe_yaml(path, text)
     if not isinstance(data, dict):
         raise RecipeError(f"{path}:1: a recipe is a YAML mapping with at least a `model` key")
+    data, overridden = apply_overrides(data, overrides)
+    locator = RecipeLocator(path, lines, overridden)
     try:
         recipe = Recipe.model_validate(data)
     except pydantic.ValidationError as error:
-        raise _pydantic_error(path, lines, error, rename={"validate_": "validate"}, model=Recipe) from None
-    loaded = LoadedRecipe(path=path, recipe=recipe, passes=[], text=text, lines=lines)
+        raise _pydantic_error(locator, error, rename={"validate_": "validate"}, model=Recipe) from None
+    loaded = LoadedRecipe(path=path, recipe=recipe, passes=[], text=text, lines=lines, overrides=overrides, overridden=overridden)
     inputs = recipe.inputs
     check_validation_shapes(inputs.dims, recipe.validate_.shapes, loaded.locator)
     check_cuda_graph_buckets(recipe.export.graph_module.cuda_graphs, inputs.dims, is_decoder_with_cache(loaded), loaded.locator)
@@ -265,7 +278,7 @@ def _check_fidelity_gate(loaded: LoadedRecipe, changing: list[tuple[Location, Pa
 
 
 def _pydantic_error(
-    path: Path, lines: dict[Location, int], error: pydantic.ValidationError, rename: dict[str, str], prefix: Location = (),
+    locator: RecipeLocator, error: pydantic.ValidationError, rename: dict[str, str], prefix: Location = (),
     model: type[pydantic.BaseModel] | None = None,
 ) -> RecipeError:
     first = error.errors()[0]
@@ -280,8 +293,7 @@ def _pydantic_error(
             message += f" (got {first['input']!r})"
     more = len(error.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    key = dotted(location)
-    return RecipeError(f"{path}:{line_for(lines, location)}: {key + ': ' if key else ''}{message}{suffix}")
+    return locator.error(location, message + suffix)
 
 
 def _sibling_keys(model: type[pydantic.BaseModel] | None, location: tuple) -> list[str]:
@@ -339,7 +351,7 @@ def _resolve_passes(loaded: LoadedRecipe, items: list, prefix: Location) -> list
         try:
             validated = info.options.model_validate(options)
         except pydantic.ValidationError as error:
-            raise _pydantic_error(loaded.path, loaded.lines, error, rename={}, prefix=location + (name,), model=info.options) from None
+            raise _pydantic_error(loaded.locator, error, rename={}, prefix=location + (name,), model=info.options) from None
         specs.append(PassSpec(name=name, options=validated.model_dump(mode="json")))
     return specs
 

@@ -178,9 +178,17 @@ class RecipeRecord:
     """What the manifest records of the recipe."""
 
     path: Path
-    text: str
+    text: str  # the file's, as its sha256
     sha256: str
-    resolved: dict[str, Any]  # every default filled in
+    resolved: dict[str, Any]  # every default filled in, the overrides applied
+    overrides: tuple[str, ...] = ()  # --set KEY=VALUE, as given
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The manifest's ``recipe`` section; ``overrides`` only when there are some, so a build without keeps its bytes."""
+        section: dict[str, Any] = {"path": str(self.path), "sha256": self.sha256, "resolved": self.resolved}
+        if self.overrides:
+            section["overrides"] = list(self.overrides)
+        return section
 
 
 @dataclass(frozen=True)
@@ -252,7 +260,8 @@ def plan_build(loaded: LoadedRecipe) -> BuildPlan:
         aoti=recipe.export.aoti,
         model=spec,
     )
-    record = RecipeRecord(path=loaded.path, text=loaded.text, sha256=loaded.sha256, resolved=loaded.resolved())
+    record = RecipeRecord(path=loaded.path, text=loaded.text, sha256=loaded.sha256, resolved=loaded.resolved(),
+                          overrides=loaded.overrides)
     output = Path(recipe.output) if recipe.output else None
     return BuildPlan(loaded.name, output, record, model, inputs, trace, passes, validation, deployment, export)
 

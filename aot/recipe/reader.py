@@ -175,6 +175,21 @@ def parse_recipe_yaml(path: Path, text: str) -> tuple[Any, dict[Location, int]]:
         loader.dispose()
 
 
+def parse_yaml_value(where: str, text: str) -> Any:
+    """One YAML value written on a line (a ``--set`` override's: ``2``, ``true``, ``[a, b]``, ``{k: v}``), within the
+    limits a recipe file is read under; empty text is null, as an empty value in a file is. ``where`` starts any error."""
+    loader = _RecipeLoader(text)
+    try:
+        node = loader.get_single_node()
+        return None if node is None else loader.construct_document(node)
+    except _LimitExceeded as error:
+        raise RecipeError(f"{where}: {error.problem}") from None
+    except yaml.YAMLError as error:
+        raise RecipeError(f"{where}: malformed YAML value: {_problem(error)}") from None
+    finally:
+        loader.dispose()
+
+
 def _error_line(error: yaml.YAMLError, text: str) -> int:
     mark = getattr(error, "problem_mark", None)
     if mark is not None:

@@ -11,7 +11,7 @@ import pytest
 import transformers
 
 from aot.errors import RecipeError
-from aot.recipe.check import CheckReport, DimRange, check_recipe
+from aot.builder.check import CheckReport, DimRange, check_recipe
 from tests.conftest import TINY_BERT
 
 RECIPES_DIR = Path(__file__).parents[2] / "recipes"
@@ -95,7 +95,7 @@ def test_schema_faults_are_reported_before_torch_is_imported(write_recipe):
     path = write_recipe(TINY_BERT.replace("  seed: 0\n", "  sed: 0\n"))
     script = (
         "import sys\n"
-        "from aot.recipe.check import check_recipe\n"
+        "from aot.builder.check import check_recipe\n"
         "from aot.errors import RecipeError\n"
         "try:\n"
         f"    check_recipe({str(path)!r})\n"

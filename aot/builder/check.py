@@ -11,6 +11,7 @@ to the build. The library returns a report; printing it is the CLI's job.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,9 +58,10 @@ class CheckReport:
         return text + (f"; left to the build: {'; '.join(self.not_checked)}" if self.not_checked else "")
 
 
-def check_recipe(path: str | Path) -> CheckReport:
-    """Raises :class:`aot.errors.RecipeError` on the first fault, exactly as ``aot build`` would."""
-    plan = plan_build(load_recipe(path))
+def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport:
+    """Raises :class:`aot.errors.RecipeError` on the first fault, exactly as ``aot build`` would (with the same
+    ``overrides``: :func:`aot.recipe.load.load_recipe`)."""
+    plan = plan_build(load_recipe(path, overrides=overrides))
     from aot.model_blueprint import model_blueprint  # transformers: only once the recipe itself is sound
 
     blueprint = model_blueprint(plan.model)
