@@ -5,7 +5,7 @@
 Why: with the GPU image's torch 2.11.0+cu130, every BERT-base CUDA package aot built killed the process
 that loaded it (SIGSEGV inside ``aoti_load_package``), so no CUDA recipe ships with ``export.aoti``. On an H200
 (2026-11-27) this probe showed a tiny BERT crashing the same way under ``default``, ``weights_on_disk`` and
-``same_process``, inside libstdc++'s regex compiler called from torch's ``parse_device_str`` (the README's
+``same_process``, inside libstdc++'s regex compiler called from torch's ``parse_device_str`` (docs/gpu.md's
 "AOTInductor" has the frames). This
 probe takes aot out of the question: a plain transformers ``BertModel`` (random weights, seed 0, float16 on
 CUDA), exported by ``torch.export`` with a dynamic batch and sequence as aot exports it, compiled by

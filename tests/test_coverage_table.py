@@ -1,4 +1,4 @@
-"""The coverage table (scripts/coverage): its rows, its tiny configs, a few of its cells, its README section.
+"""The coverage table (scripts/coverage): its rows, its tiny configs, a few of its cells, its page (docs/coverage.md).
 
 The suite runs BERT and GPT-2 (base class and one head, both frontends, and one build) and
 the markdown round trip; ``slow`` runs every row of the table, one test per architecture,
@@ -19,7 +19,7 @@ from scripts.coverage import render
 from scripts.coverage.architectures import ALSO_REQUIRED, HF_TRACER_4_53, architectures, exists_in_transformers
 from scripts.coverage.cells import TRACERS, build_end_to_end, build_model
 from scripts.coverage.isolated import run_all
-from scripts.coverage.run import README, fill, main
+from scripts.coverage.run import COVERAGE_JSON, PAGE, fill, main
 from scripts.coverage.tiny_config import tiny_config
 
 ROWS = {row.model_type: row for row in architectures()}
@@ -161,20 +161,28 @@ def test_one_cause_in_many_classes_is_one_group():
     assert groups["TraceError: no dummy input for {class}"] == ["bert/BertForX (fx)", "gemma/GemmaModel (export)"]
 
 
-def test_readme_section_round_trip_keeps_every_other_line(tmp_path):
-    text = README.read_text(encoding="utf-8")
-    assert text.count(render.START) == 1 and text.count(render.END) == 1, "README.md holds one coverage section"
-    copy = tmp_path / "README.md"
+def test_page_section_round_trip_keeps_every_other_line(tmp_path):
+    text = PAGE.read_text(encoding="utf-8")
+    assert text.count(render.START) == 1 and text.count(render.END) == 1, "docs/coverage.md holds one coverage section"
+    copy = tmp_path / "coverage.md"
     copy.write_text(text, encoding="utf-8")
     markdown = render.render_markdown(_table())
-    render.rewrite_readme(copy, markdown)
+    render.rewrite_page(copy, markdown)
     once = copy.read_text(encoding="utf-8")
     before, after = text.split(render.START)[0], text.split(render.END)[1]
     assert once.startswith(before + render.START + "\n" + markdown + "\n" + render.END) and once.endswith(after)
-    render.rewrite_readme(copy, markdown)
+    render.rewrite_page(copy, markdown)
     assert copy.read_text(encoding="utf-8") == once, "regenerating the same table changes nothing"
     with pytest.raises(ValueError, match="coverage:start"):
         render.replace_section("no markers here", markdown)
+
+
+def test_the_page_shows_what_coverage_json_holds():
+    data = json.loads(COVERAGE_JSON.read_text(encoding="utf-8"))
+    assert data["architectures"], "precondition: coverage.json holds rows"
+    text = PAGE.read_text(encoding="utf-8")
+    shown = text.split(render.START)[1].split(render.END)[0]
+    assert shown == "\n" + render.render_markdown(data) + "\n", "run python -m scripts.coverage.run --page-only"
 
 
 @pytest.mark.coverage_table  # opt-in (pyproject): the cells that fail are the coverage issue's open work

@@ -15,7 +15,7 @@ from aot.recipe.load import load_recipe
 from aot.recipe.plan import plan_build
 from aot.gates.compare import compare_outputs, eager_outputs
 
-# Loads module.py as the README shows, with every import of aot, transformers, safetensors and onnx refused.
+# Loads module.py as docs/deploy.md shows, with every import of aot, transformers, safetensors and onnx refused.
 TORCH_ALONE = textwrap.dedent(
     """
     import runpy, sys

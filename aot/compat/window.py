@@ -53,5 +53,5 @@ def warn_outside_window() -> list[str]:
     """Logs one warning line naming every dependency outside the tested window; returns them."""
     found = outside_window()
     if found:
-        log.warning("outside aot's tested window: %s; the build may differ (README: Compatibility)", ", ".join(found))
+        log.warning("outside aot's tested window: %s; the build may differ (docs/compatibility.md)", ", ".join(found))
     return found

@@ -24,7 +24,7 @@ What the package is not (the manifest's ``aoti`` says the first two):
 - faster than eager on the CPU: with the recipe's dynamic batch and sequence, Inductor keeps ATen's
   ``addmm`` for the linear layers (also with ``freezing`` and ``max_autotune``'s C++ GEMMs, tried on
   torch 2.13), so BERT-base runs at eager's speed, where the saved GraphModule's prepacked oneDNN
-  GEMMs run 2.3x faster (README, "AOTInductor").
+  GEMMs run 2.3x faster (docs/performance.md).
 
 It is loaded in a process of its own (:class:`AotiProcess`): loading it opens compiled code, and
 a crash there must fail the build with a message, not end it. Seen with the GPU image's torch 2.11.0+cu130 on

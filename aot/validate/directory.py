@@ -57,7 +57,7 @@ def validate_directory(
 
     Nothing from DIR is imported or run before its hash matched. The recipe is the one given, else
     the one the manifest names if it is still there, else the directory's copy; its sha256 must be
-    the manifest's. A recipe's ``model.factory`` is code: see README's "Trust".
+    the manifest's. A recipe's ``model.factory`` is code: see docs/deploy.md, "Trust".
     """
     stage = Stages(progress)
     with stage("check_files"):

@@ -2,7 +2,8 @@
 
     python -m scripts.coverage.run                      # everything, written to scripts/coverage/coverage.json
     python -m scripts.coverage.run --only bert,gpt2 --frontends fx --no-build
-    python -m scripts.coverage.run --readme             # and the README's coverage section
+    python -m scripts.coverage.run --page               # and the table in docs/coverage.md
+    python -m scripts.coverage.run --page-only          # only the table, from coverage.json as it is
 
 Results merge into the existing coverage.json: a run replaces the cells it ran and keeps
 the others, so the table can be filled in parts (``--only``). Each cell runs in a forked
@@ -28,12 +29,12 @@ import aot.builder.spine  # noqa: F401  (imported once here, before the children
 from .architectures import Architecture, architectures, gone_in_transformers_5
 from .cells import TRACERS, build_end_to_end
 from .isolated import run_all, worker_count
-from .render import COLUMNS, FRONTENDS, render_markdown, rewrite_readme
+from .render import COLUMNS, FRONTENDS, render_markdown, rewrite_page
 from .shapes import SHAPES
 
 HERE = Path(__file__).resolve().parent
 COVERAGE_JSON = HERE / "coverage.json"
-README = HERE.parent.parent / "README.md"
+PAGE = HERE.parent.parent / "docs" / "coverage.md"
 TRACE_TIMEOUT_S = 180
 BUILD_TIMEOUT_S = 300
 
@@ -100,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated model types (default: every row)")
     parser.add_argument("--frontends", default=",".join(COLUMNS), help="comma-separated: fx, export, hf_onnx (transformers' exporter)")
     parser.add_argument("--no-build", action="store_true", help="skip the end-to-end builds (their earlier results stay)")
-    parser.add_argument("--readme", action="store_true", help="rewrite README.md's coverage section from the result")
+    parser.add_argument("--page", "--readme", dest="page", action="store_true",
+                        help="rewrite the table in docs/coverage.md from the result (--readme: its old name)")
+    parser.add_argument("--page-only", action="store_true", help="rewrite docs/coverage.md's table from the JSON file; run no cell")
     parser.add_argument("--workers", type=int, default=worker_count(), help="cells run at once (default: one per core)")
     parser.add_argument("--output", type=Path, default=COVERAGE_JSON, help="the JSON file results merge into")
     args = parser.parse_args(argv)
@@ -113,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown model type or frontend: {', '.join(unknown)} (model types: {', '.join(sorted(known))})")
 
+    if args.page_only:
+        rewrite_page(PAGE, render_markdown(_load(args.output)))
+        print(f"{PAGE} rewritten from {args.output}")
+        return 0
     started = time.perf_counter()
     data = _load(args.output)
     fill([row for row in every if row.model_type in only], data, frontends, not args.no_build, args.workers)
@@ -120,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             "shapes": [list(shape) for shape in SHAPES], "gone_in_transformers_5": gone_in_transformers_5(),
             "architectures": _ordered(data, every)}
     args.output.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    if args.readme:
-        rewrite_readme(README, render_markdown(data))
+    if args.page:
+        rewrite_page(PAGE, render_markdown(data))
     print(f"{len(only)} architectures in {time.perf_counter() - started:.0f} s; results in {args.output}")
     return 0
 

@@ -2,7 +2,7 @@
 
 ``python -I`` ignores PYTHONPATH and the user site; on top of that a
 ``sys.meta_path`` finder refuses the blocked packages, since the venv has them
-installed. The child loads each artifact with the README's three lines, runs it
+installed. The child loads each artifact with docs/deploy.md's three lines, runs it
 on the given inputs and writes the raw outputs back (``torch.save`` here is test
 plumbing only: artifacts themselves are never pickled).
 """
