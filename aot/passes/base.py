@@ -14,12 +14,15 @@ work. On top of that:
   ``node.meta["aot_transforms"]`` lists the signatures of the passes that
   transformed the node and ``node.meta["aot_reverse"][signature]`` holds what
   ``reverse`` needs.
-- Marks belong to a transformation with its options, as Optimum keeps them per
-  ``signature`` (class and attributes): ``signature`` is the pass's name, followed
-  by the options that differ from their defaults as JSON (``merge_linears`` or
-  ``merge_linears({"min_group_size":3})``). A pass with other options does not take
-  another's marks for its own; an equal one (after a save and load, in another
-  process) does: the text is stable, never Python's ``hash``.
+- Marks belong to a transformation with its options and attributes, as Optimum
+  keeps them per ``signature`` (class and attributes): ``signature`` is the pass's
+  name, followed, as JSON, by the options that differ from their defaults and the
+  attributes the instance was made with (``merge_linears``,
+  ``merge_linears({"min_group_size":3})``; Optimum's style, an ``__init__`` that
+  sets ``self.some_argument`` and never calls ``super().__init__()``:
+  ``mark_linears({"some_argument":"test"})``). A pass with other options or
+  attributes does not take another's marks for its own; an equal one (after a save
+  and load, in another process) does: the text is stable, never Python's ``hash``.
 - Options are a pydantic model (``Options``) declared per pass; unknown keys are
   rejected.
 - A pass that raises, returns something else than a GraphModule or leaves an
@@ -31,15 +34,20 @@ Passes that rewrite patterns build on ``rule.py``'s ``RewriteRule``.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
+import hashlib
 import json
 import logging
 import re
-from abc import ABC, abstractmethod
-from collections.abc import Callable
+import types
+from abc import ABCMeta, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch.fx import GraphModule, Node
 
@@ -124,7 +132,71 @@ def graph_fingerprint(graph_module: GraphModule) -> tuple:
     return nodes, modules, tensors
 
 
-class Transformation(ABC):
+#: instance attribute: the names of the attributes the instance had once made, which its signature reads
+_SIGNED_NAMES_KEY = "_signed_attribute_names"
+# The base's own bookkeeping, and instance values of what the class declares: never part of a signature (the name
+# already leads it; preserves_computation and frontends follow from the rest).
+_UNSIGNED = frozenset({"options", "_report", "signature", _SIGNED_NAMES_KEY, "name", "preserves_computation", "frontends"})
+
+
+class _Unsigned(Exception):
+    """A value without a stable text: ``where`` says which part of the attribute holds it."""
+
+    def __init__(self, where: str, value: Any) -> None:
+        super().__init__(where, value)
+        self.where, self.value = where, value
+
+
+def _signed_value(value: Any, where: str) -> Any:
+    """``value`` as JSON data that is the same in every process for equal values (never ``id`` or ``hash``)."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Transformation):
+        return value.signature
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        try:
+            data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        except Exception:  # a fake, meta or sparse tensor: no contents to read
+            raise _Unsigned(where, value) from None
+        return {"tensor": str(value.dtype), "shape": list(value.shape), "sha256": hashlib.sha256(data).hexdigest()}
+    if isinstance(value, (list, tuple)):
+        return [_signed_value(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_signed_value(item, f"{where} item") for item in value), key=json.dumps)
+    if isinstance(value, Mapping):
+        items = [(_signed_value(key, f"{where} key"), _signed_value(item, f"{where}[{key!r}]")) for key, item in value.items()]
+        if all(isinstance(key, str) for key, _ in items):
+            return dict(items)
+        return sorted(([key, item] for key, item in items), key=lambda pair: json.dumps(pair[0]))
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return f"{value.__module__}.{value.__qualname__}"
+    if dataclasses.is_dataclass(value):
+        return {"__dataclass__": type(value).__qualname__,
+                **{f.name: _signed_value(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value)}}
+    raise _Unsigned(where, value)
+
+
+class _TransformationType(ABCMeta):
+    """Notes, once an instance is made, which attributes it has: those its signature reads.
+
+    Attributes set afterwards (state a transform keeps while it runs) leave the signature as it was, whenever it is
+    first read; the subclass's ``__init__`` need not call ``super().__init__()``.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        instance = super().__call__(*args, **kwargs)
+        if isinstance(instance, Transformation):
+            instance.__dict__.setdefault(_SIGNED_NAMES_KEY, tuple(sorted(set(vars(instance)) - _UNSIGNED)))
+        return instance
+
+
+class Transformation(metaclass=_TransformationType):
     """A torch.fx graph transformation.
 
     Subclasses implement :meth:`transform` and are used as callables. Set
@@ -169,19 +241,43 @@ class Transformation(ABC):
 
     @functools.cached_property
     def signature(self) -> str:
-        """This transformation with its options: its name, and the options that differ from the defaults.
+        """This transformation with its options and attributes, as stable text.
 
-        Computed once, as Optimum's is: every mark test reads it, once a node, and the options are set
-        when the transformation is made.
+        Its name, then, as JSON with sorted keys, the options that differ from their defaults and every
+        attribute the instance was made with (whether or not its ``__init__`` called ``super().__init__()``),
+        at their values when the signature is first read; ``__init__`` defaults included, so
+        ``DummyTransformation()`` and ``DummyTransformation(some_argument=1)`` differ, as in Optimum. The base's
+        own bookkeeping (``options``, ``_report``) is not an attribute here, so a pass that keeps no state of
+        its own is signed by its name and options alone. Computed once, as Optimum's is: every mark test
+        reads it, once a node.
         """
         fields = type(self.options).model_fields
         dumped = self.options.model_dump(mode="json")
-        changed = {
+        signed = {
             name: dumped[name]
             for name, spec in fields.items()
             if spec.is_required() or getattr(self.options, name) != spec.get_default(call_default_factory=True)
         }
-        return f"{self.name}({json.dumps(changed, sort_keys=True, separators=(',', ':'))})" if changed else self.name
+        names = self.__dict__.get(_SIGNED_NAMES_KEY)
+        if names is None:  # not made through the class (copy.copy of an old instance, object.__new__): all it has now
+            names = sorted(set(vars(self)) - _UNSIGNED)
+        for name in names:
+            if name not in self.__dict__:
+                continue  # deleted since
+            if name in fields:
+                raise PassFailure(self.name, f"its attribute '{name}' has the name of one of its options: the signature "
+                                             "that keys its marks would hold two values under one name; rename the attribute")
+            try:
+                signed[name] = _signed_value(self.__dict__[name], name)
+            except _Unsigned as error:
+                raise PassFailure(
+                    self.name,
+                    f"its attribute {error.where} holds a {type(error.value).__qualname__}, which has no text that is the same "
+                    "in every process, and the signature that keys its marks is made of its attributes: keep plain values "
+                    "(numbers, strings, lists, dicts, enums, dtypes, tensors, other transformations), or set it once the "
+                    "transformation is made (state a transform keeps while it runs is not signed)",
+                ) from None
+        return f"{self.name}({json.dumps(signed, sort_keys=True, separators=(',', ':'))})" if signed else self.name
 
     def needs_calibration(self) -> bool:
         """Whether this pass, with its options, runs the graph on calibration inputs (``graph_module.meta[CALIBRATION_KEY]``,

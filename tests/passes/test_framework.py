@@ -229,13 +229,14 @@ def test_a_transformation_whose_init_skips_super_init_signs_marks_and_reverses()
     transformation = MulByTwoWithoutSuperInit()
     assert "options" not in vars(transformation), "the precondition: no super().__init__() ran"
     graph_module = fx_graph(Scale(), torch.randn(2))
-    assert transformation.signature == "mul_by_two_without_super_init"
+    assert transformation.signature == 'mul_by_two_without_super_init({"factor":2.0})', "its attributes sign it, as in Optimum"
 
     result = transformation.apply(graph_module)
     assert result.modified
     assert torch.equal(graph_module(torch.ones(2)), torch.full((2,), 6.0))
     marked = transformation.get_transformed_nodes(graph_module)
-    assert [node.meta[TRANSFORMS_KEY] for node in marked] == [["mul_by_two_without_super_init"]]
+    assert [node.meta[TRANSFORMS_KEY] for node in marked] == [['mul_by_two_without_super_init({"factor":2.0})']]
+    assert not MulByTwoWithoutSuperInit(factor=3.0).get_transformed_nodes(graph_module), "other attributes, other marks"
 
     restored = transformation(graph_module, reverse=True)
     assert torch.equal(restored(torch.ones(2)), torch.full((2,), 3.0))
@@ -257,3 +258,73 @@ def test_a_transformation_without_super_init_whose_options_need_values_says_so()
 
     with pytest.raises(PassError, match=r"pass 'needs_a_factor' failed: its __init__ did not call super\(\).__init__\(\), and its options factor have no default"):
         NeedsAFactor().signature
+
+
+def test_the_signature_reads_the_attributes_the_transformation_was_made_with_not_its_running_state():
+    class KeepsState(ReversibleTransformation):
+        def __init__(self, scale=1.0):
+            self._scale, self.names = scale, ["a", "b"]
+
+        def transform(self, graph_module):
+            self.seen = {node.name: node for node in graph_module.graph.nodes}  # state of the run: not signed
+            for node in graph_module.graph.nodes:
+                if node.op == "call_function":
+                    self.mark_as_transformed(node)
+            return graph_module
+
+        def reverse(self, graph_module):
+            for node in self.get_transformed_nodes(graph_module):
+                self.mark_as_restored(node)
+            return graph_module
+
+    signature = 'keeps_state({"_scale":1.0,"names":["a","b"]})'
+    graph_module = fx_graph(Scale(), torch.randn(2))
+    KeepsState()(graph_module)
+    assert [node.meta[TRANSFORMS_KEY] for node in KeepsState().get_transformed_nodes(graph_module)] == [[signature]]
+    KeepsState()(graph_module, reverse=True)  # a fresh instance, signed before any run
+    assert not any(TRANSFORMS_KEY in node.meta for node in graph_module.graph.nodes)
+    assert KeepsState(scale=2.0).signature != signature
+
+
+def test_an_attribute_without_stable_text_is_an_error_naming_it():
+    class HoldsAModule(Transformation):
+        def __init__(self):
+            self.layer = nn.Linear(2, 2)
+
+        def transform(self, graph_module):
+            return graph_module
+
+    with pytest.raises(PassError, match=r"pass 'holds_a_module' failed: its attribute layer holds a Linear, which has no text"):
+        HoldsAModule().signature
+
+
+def test_every_built_in_pass_with_its_default_options_is_signed_by_its_name_alone():
+    """Signatures land in saved graphs (node.meta): attributes signing did not change any built-in pass's."""
+    from aot.passes import registry
+
+    for info in registry.all_passes():
+        assert info.create().signature == info.name, info.name
+
+
+class Tagged(Transformation):
+    """Optimum's style, at module level so that another process can import it."""
+
+    def __init__(self, tag=None):
+        self.tag = tag
+
+    def transform(self, graph_module):
+        return graph_module
+
+
+def test_the_signature_is_the_same_text_in_another_process():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import torch; from tests.passes.test_framework import Tagged; from aot.passes import MergeLinears; "
+            "print(Tagged(tag={'b': (1, 2.5), 'a': torch.float16, 'c': {3, 1, 2}}).signature); "
+            "print(MergeLinears(min_group_size=3).signature)")
+    here = [Tagged(tag={"b": (1, 2.5), "a": torch.float16, "c": {3, 1, 2}}).signature, MergeLinears(min_group_size=3).signature]
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=Path(__file__).resolve().parents[2]).stdout.split()
+    assert there == here == ['tagged({"tag":{"a":"torch.float16","b":[1,2.5],"c":[1,2,3]}})', 'merge_linears({"min_group_size":3})']
