@@ -6,7 +6,7 @@ It makes a venv outside the repository (default ``$TMPDIR/aot-canary-newest`` or
 the newest releases of torch, transformers, onnx, onnxruntime, onnxscript and onnx-ir (or, with
 ``--lowest``, the lowest of each that pyproject admits), installs aot into it, runs the fast
 suite (``-m 'not slow'``), builds every shipped recipe that this machine can build, and prints
-a compatibility table (Markdown) to paste into the README's Compatibility section.
+a compatibility table (Markdown) to paste into docs/compatibility.md's canary section.
 
 A machine-wide pip cap on torch (``PIP_CONSTRAINT``) is lifted for the newest releases only.
 Newest torch releases come from the registry as CUDA builds (GBs): keep the venv (``--reuse``).
@@ -76,8 +76,8 @@ def _wanted(name: str, lowest: bool) -> str:
 
 def _suite(python: Path, full: bool) -> dict:
     started = time.monotonic()
-    selection = "not coverage_table" if full else "not slow and not coverage_table"
-    run = subprocess.run([str(python), "-m", "pytest", "-q", "-m", selection, "-p", "no:cacheprovider"],
+    tier = "full" if full else "artifact"  # tests/conftest.py's --tier: CI's selection, or every test (the coverage table stays opt-in)
+    run = subprocess.run([str(python), "-m", "pytest", "-q", "--tier", tier, "-p", "no:cacheprovider"],
                          cwd=REPO, capture_output=True, text=True)
     summary = next((line.strip("= ") for line in reversed(run.stdout.splitlines()) if re.search(r"\d+ (passed|failed|error)", line)), "")
     failed = [line.split(" ", 1)[1].split(" - ")[0] for line in run.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
@@ -104,7 +104,7 @@ def render(report: dict) -> str:
     lines = [f"Canary ({report['mode']} releases), {report['date']}:", "", "| library | version |", "|---|---|"]
     lines += [f"| {name} | {version or 'not installed'} |" for name, version in report["versions"].items()]
     suite = report["suite"]
-    which = "Whole suite" if report.get("full") else "Fast suite (`-m 'not slow'`)"
+    which = "Whole suite (`--tier full`)" if report.get("full") else "CI suite (`--tier artifact`)"
     lines += ["", f"{which}: {suite['summary'] or 'no summary'} ({suite['seconds']} s)"]
     lines += [f"- failed: `{name}`" for name in suite["failed"][:40]]
     lines += ["", "| recipe | result | detail |", "|---|---|---|"]

@@ -19,6 +19,62 @@ from aot.cli import main
 os.environ["AOT_CACHE_DIR"] = tempfile.mkdtemp(prefix="aot-test-cache-")
 atexit.register(shutil.rmtree, os.environ["AOT_CACHE_DIR"], ignore_errors=True)
 
+# The suite's tiers, each the one before plus its own tests (pyproject's markers describe them): ``fast`` is every
+# unmarked test (a bare ``python -m pytest``), ``artifact`` adds the tests marked ``artifact`` (CI), ``full`` adds those
+# marked ``full``. --tier deselects the rest, apart from -m and -k, which still narrow what it keeps.
+TIERS = ("fast", "artifact", "full")
+# Each tier's default time limit in seconds (pyproject's ``timeout`` is the fast tier's); a test's own
+# @pytest.mark.timeout wins. A module's shared build is paid by the first test that asks for it, hence the room.
+TIER_TIMEOUTS = {"artifact": 900, "full": 3600}
+# In no tier: runs only when -m names it (python -m pytest -m coverage_table).
+OPT_IN = "coverage_table"
+_TIER_COUNTS = pytest.StashKey[dict]()  # tests collected per tier (and opt-in), before any is deselected
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=TIERS, default="fast",
+                     help="the tests to run: fast (default: the unmarked tests), artifact (fast and the tests marked "
+                          "artifact: tiny end-to-end builds, every shipped recipe at tiny size; CI), full (everything: "
+                          "full-size recipes, model zoos). Independent of -m and -k.")
+
+
+def tier_of(item) -> str:
+    """The tier an item belongs to: ``fast``, or its one tier marker. Two different tier markers are an error."""
+    marked = {mark.name for mark in item.iter_markers() if mark.name in TIERS[1:]}
+    if len(marked) > 1:
+        raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(sorted(marked))}: a test belongs to one tier")
+    return marked.pop() if marked else "fast"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m and -k: every collected test is classified (and checked) by tier_of
+def pytest_collection_modifyitems(config, items):
+    wanted = TIERS[: TIERS.index(config.getoption("tier")) + 1]
+    opt_in = OPT_IN in (config.getoption("markexpr") or "")  # -m 'not coverage_table' deselects them itself
+    kept, deselected = [], []
+    counts = config.stash.setdefault(_TIER_COUNTS, dict.fromkeys((*TIERS, OPT_IN), 0))
+    for item in items:
+        tier, opted = tier_of(item), item.get_closest_marker(OPT_IN) is not None
+        counts[OPT_IN if opted else tier] += 1
+        if tier not in wanted or (opted and not opt_in):
+            deselected.append(item)
+            continue
+        if tier in TIER_TIMEOUTS and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier]))
+        kept.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+def pytest_report_collectionfinish(config):
+    """One line, also under -q: how many tests each tier holds (before -m and -k), and which tiers this run takes."""
+    counts = config.stash.get(_TIER_COUNTS, None)
+    if counts:
+        tier = config.getoption("tier")
+        return (f"tiers collected: {', '.join(f'{name} {count}' for name, count in counts.items())} (-m {OPT_IN} only); "
+                f"--tier {tier} runs {' and '.join(TIERS[: TIERS.index(tier) + 1])}")
+
+
 TINY_BERT = """\
 model:
   config:

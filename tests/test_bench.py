@@ -7,9 +7,8 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.artifact
 def test_bench_runs_each_runner_in_its_own_process_with_paired_ratios(cli, tiny_build):
     result = cli("bench", tiny_build, "-s", "batch=1,3", "--runs", "3", "--warmup", "1", "--gap-ms", "1", "--peers", "ort_dynamo", "--json")
     assert result.exit_code == 0, result.described
@@ -34,6 +33,7 @@ def test_bench_runs_each_runner_in_its_own_process_with_paired_ratios(cli, tiny_
         assert by_name["ort_dynamo"]["peak_mib"] is None, "a peer's process built it first"
 
 
+@pytest.mark.artifact
 def test_in_process_mode_is_labelled_and_has_no_memory(cli, tiny_build):
     result = cli("bench", tiny_build, "--runs", "2", "--warmup", "1", "--gap-ms", "0", "--in-process", "--json")
     assert result.exit_code == 0, result.described
@@ -45,6 +45,7 @@ def test_in_process_mode_is_labelled_and_has_no_memory(cli, tiny_build):
     assert "ALL RUNNERS IN ONE PROCESS" in result.stdout, result.described
 
 
+@pytest.mark.artifact
 def test_bench_rejects_unknown_dim_and_peer(cli, tiny_build):
     result = cli("bench", tiny_build, "-s", "width=3", "--runs", "1", "--no-memory")
     assert result.exit_code == 2 and "no dim 'width'" in result.stderr, result.described
@@ -52,6 +53,7 @@ def test_bench_rejects_unknown_dim_and_peer(cli, tiny_build):
     assert result.exit_code == 2 and "unknown peer(s) tensorrt" in result.stderr, result.described
 
 
+@pytest.mark.full
 def test_transformers_own_exporter_is_a_peer_timed_in_its_own_process(cli, tiny_build):
     pytest.importorskip("transformers.exporters", reason="transformers' exporter ships from 5.24")
     result = cli("bench", tiny_build, "-s", "batch=1,2", "--runs", "2", "--warmup", "1", "--gap-ms", "0", "--no-memory",

@@ -26,6 +26,7 @@ def decoder_build(tmp_path_factory):
     return build(recipe, root / "out").output
 
 
+@pytest.mark.artifact
 def test_each_runner_gets_a_prefill_and_a_decode_figure_per_shape(decoder_build):
     report = bench(decoder_build, {"batch": [1, 2], "prompt": [6]}, runs=2, warmup=1, new_tokens=5, gap_ms=0)
     assert [(s.shape, s.measure) for s in report.shapes] == [
@@ -38,17 +39,20 @@ def test_each_runner_gets_a_prefill_and_a_decode_figure_per_shape(decoder_build)
     assert len(set(report.pids.values())) == 3, "each runner in its own process"
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize(("arguments", "message"), [({"peers": ("ort_torchscript",)}, "takes only the decoder peers"), ({"new_tokens": 1}, "at least 2")])
 def test_what_a_decoder_bench_cannot_do_is_refused(decoder_build, arguments, message):
     with pytest.raises(RecipeError, match=message):
         bench(decoder_build, runs=1, **arguments)
 
 
+@pytest.mark.artifact
 def test_an_unknown_dim_names_the_decoder_dims(decoder_build):
     with pytest.raises(RecipeError, match="it has: batch, prompt"):
         bench(decoder_build, {"sequence": [4]}, runs=1)
 
 
+@pytest.mark.full
 def test_eager_in_bfloat16_is_a_decoder_peer_and_the_converting_peers_say_why_they_cannot_build(decoder_build):
     peers = ("eager_bf16", "ort_genai", "llama_cpp")
     report = bench(decoder_build, {"batch": [1], "prompt": [6]}, runs=2, warmup=1, new_tokens=4, gap_ms=0, peers=peers)

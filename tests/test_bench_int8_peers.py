@@ -170,7 +170,7 @@ def test_cli_rejects_an_unknown_peer_naming_the_int8_ones(cli, tmp_path):
     assert "ort_quantize_dynamic" in result.stderr and "int8" in result.stderr, result.described
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 def test_bench_times_the_int8_peers(cli, tiny_build):
     result = cli("bench", tiny_build, "--peers", "int8", "--runs", "2", "--warmup", "1", "--gap-ms", "0", "--in-process", "--json")
     assert result.exit_code == 0, result.described

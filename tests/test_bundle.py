@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import rehash_manifest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.artifact
 
 RESNET = (Path(__file__).parents[1] / "recipes" / "resnet.yaml").read_text()
 

@@ -53,6 +53,7 @@ def test_tiny_configs_are_tiny(model_type):
     assert getattr(text, "num_hidden_layers", 2) == 2
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("frontend", ["fx", "export"])
 @pytest.mark.parametrize("model_type, class_name", [
     ("bert", "BertModel"), ("bert", "BertForSequenceClassification"), ("gpt2", "GPT2Model"), ("gpt2", "GPT2LMHeadModel"),
@@ -84,12 +85,14 @@ def test_a_cell_that_differs_from_eager_raises(monkeypatch):
         cells.trace_fx("bert", "BertModel")
 
 
+@pytest.mark.full  # transformers' exporter and ONNX Runtime on two architectures: the coverage table's own column
 @pytest.mark.parametrize("model_type, class_name", [("bert", "BertModel"), ("gpt2", "GPT2LMHeadModel")])
 def test_transformers_own_exporter_is_a_column_checked_in_onnx_runtime(model_type, class_name):
     pytest.importorskip("transformers.exporters", reason="transformers' exporter ships from 5.24")
     TRACERS["hf_onnx"](model_type, class_name)  # raises where ONNX Runtime's outputs differ from eager's
 
 
+@pytest.mark.full  # tiny BERT builds end to end in the artifact tier already (tests/test_cli.py, the shipped recipes)
 def test_bert_builds_end_to_end():
     build_end_to_end("bert", "BertForSequenceClassification", "fx")
 
@@ -115,6 +118,7 @@ def test_a_hang_or_a_crash_stops_its_own_cell_only():
     assert outcomes["fine"].ok and outcomes["fine"].error is None
 
 
+@pytest.mark.artifact
 def test_a_run_merges_into_the_earlier_table(tmp_path):
     output = tmp_path / "coverage.json"
     earlier = {"GPT2Model": {"fx": {"ok": False, "error": "old", "seconds": 0}}}

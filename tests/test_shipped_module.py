@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def test_build_validates_module_py_at_every_shape(tiny_build):
     assert all(v["ok"] and v["source"] == "graph_module/module.py load()" for v in shipped), shipped
 
 
+@pytest.mark.artifact
 def test_module_py_with_torch_alone_matches_eager_at_every_validation_shape(tiny_build, tmp_path):
     loaded = load_recipe(tiny_build / "recipe.yaml")
     model = load_model(plan_build(loaded).model)

@@ -1,7 +1,9 @@
 """Every shipped recipe builds offline, validates at >= 3 shapes, and its artifacts deploy.
 
-Builds are shared by the tests of this module (one build per recipe), plus an
-extra build of bert.yaml and of minilm_int8.yaml in a second process to prove
+Two sizes, two tiers (tests/conftest.py). The artifact tier (CI) builds every shipped recipe at a tiny size of its
+architecture (TINY, through ``aot build --set``) and checks that the build succeeds, writes the artifacts the recipe
+enables, and passes ``aot validate``. The full tier builds each recipe at its shipped size, once for the tests of
+this module that need it, plus an extra build of bert.yaml and of minilm_int8.yaml in a second process to prove
 byte-reproducibility.
 """
 
@@ -17,7 +19,10 @@ import onnx
 import pytest
 import torch
 
+from click.testing import CliRunner
+
 from aot.builder.spine import build
+from aot.cli import main
 from aot.export import run_onnx
 from aot.inputs import dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.models import load_model
@@ -44,7 +49,6 @@ BUILDABLE = [name for name in SHIPPED if torch.cuda.is_available() or not _needs
 # bert_bf16.yaml ships no ONNX model: ONNX Runtime's CPU provider has no bfloat16 kernels.
 WITH_ONNX = [name for name in BUILDABLE if load_recipe(RECIPES_DIR / name).recipe.export.onnx.enabled]
 
-pytestmark = pytest.mark.slow
 
 
 class _Builds(dict):
@@ -64,15 +68,92 @@ def builds(tmp_path_factory) -> dict[str, Path]:
     return _Builds(tmp_path_factory.mktemp("builds"))
 
 
-def _readme_recipe_table() -> set[str]:
-    """The recipe files the README's table of shipped recipes names (rows ``| `recipes/NAME.yaml` | ... |``)."""
-    readme = (RECIPES_DIR.parent / "README.md").read_text()
-    return set(re.findall(r"^\| `recipes/([\w.-]+\.yaml)` \|", readme, flags=re.MULTILINE))
+# The artifact tier's size of each architecture family, keyed by the model_type of a recipe's inline config: every
+# shipped recipe is built at it (aot build --set model.config.KEY=VALUE), so that its code path (trace, passes, gates,
+# every artifact it enables, aot validate) runs in CI in seconds, not minutes. A shipped recipe of a family missing
+# here fails its test, naming the model_type to add. Vocabularies stay as shipped: the shipped tokenizers and the
+# accuracy and fidelity gates' texts need them. int4 groups of 32 need widths that 32 divides.
+TINY = {
+    "bert": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128},
+    "gpt2": {"n_layer": 2, "n_embd": 64, "n_head": 4},
+    "llama": {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2},
+    "mistral": {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2},
+    "resnet": {"embedding_size": 8, "hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1]},
+}
+# Less work for the checks a recipe's sections ask for, whatever the family: the same code paths, fewer tokens. Eleven
+# prompt tokens and eight new ones still decode past mistral_sliding_window.yaml's window of 16.
+LESS_WORK = {
+    "generation": ["generation.new_tokens=8"],
+    "generation.fidelity": ["generation.fidelity.max_prompts=4", "generation.fidelity.new_tokens=4"],
+}
+# A recipe of a real checkpoint (model.pretrained, no inline config) cannot be resized: its weights fix the sizes, and
+# the artifact tier builds it as shipped (all-MiniLM-L6-v2: 90 MB), up to this much weight on disk.
+CHECKPOINT_BYTES = 200 * 2**20
 
 
-def test_the_readme_lists_exactly_the_recipes_that_ship():
+def tiny_overrides(name: str) -> list[str]:
+    """The ``--set`` arguments that build shipped recipe ``name`` at its family's tiny size (the sizes a small checkpoint
+    has), with LESS_WORK for the sections it has."""
+    loaded = load_recipe(RECIPES_DIR / name)
+    sections = loaded.resolved()
+    less_work = [setting for section, settings in LESS_WORK.items() if _has(sections, section) for setting in settings]
+    config = loaded.recipe.model.config
+    if config is None:
+        checkpoint = plan_build(loaded).model.pretrained
+        assert checkpoint is not None, f"{name}: neither an inline config nor a checkpoint: TINY has no size for it"
+        weights = sum(path.stat().st_size for path in checkpoint.rglob("*") if path.suffix in (".safetensors", ".bin"))
+        assert 0 < weights <= CHECKPOINT_BYTES, f"{name}: a checkpoint of {weights} bytes is too large to build in the artifact tier"
+        return less_work
+    sizes = TINY.get(config["model_type"])
+    assert sizes, f"{name}: no tiny size for model_type {config['model_type']!r}: add one to TINY in tests/test_shipped_recipes.py"
+    return [f"model.config.{key}={json.dumps(value)}" for key, value in sizes.items()] + less_work
+
+
+def _has(data: dict, dotted: str) -> bool:
+    for key in dotted.split("."):
+        if not isinstance(data, dict) or data.get(key) is None:
+            return False
+        data = data[key]
+    return True
+
+
+class _TinyBuilds(dict):
+    """Each shipped recipe built at its tiny size by ``aot build`` (in process), once, when a test first asks for it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name: str):
+        output = self.root / Path(name).stem
+        overrides = tiny_overrides(name)
+        arguments = ["build", str(RECIPES_DIR / name), "-o", str(output)] + [a for o in overrides for a in ("--set", o)]
+        result = CliRunner().invoke(main, arguments, catch_exceptions=False)
+        described = f"aot {' '.join(arguments)}: exit {result.exit_code}\n{result.stderr}"
+        self[name] = (output if result.exit_code == 0 else None, overrides, described)
+        return self[name]
+
+    def directory(self, name: str) -> Path:
+        """The tiny build of ``name``; a failed build fails the test that asks, with the build's stderr."""
+        output, _, described = self[name]
+        assert output is not None, described
+        return output
+
+
+@pytest.fixture(scope="module")
+def tiny_builds(tmp_path_factory) -> _TinyBuilds:
+    return _TinyBuilds(tmp_path_factory.mktemp("tiny-builds"))
+
+
+def _recipes_page_table() -> set[str]:
+    """The recipe files docs/recipes.md's table of shipped recipes names (rows ``| `recipes/NAME.yaml` | ... |``)."""
+    page = (RECIPES_DIR.parent / "docs" / "recipes.md").read_text()
+    return set(re.findall(r"^\| `recipes/([\w.-]+\.yaml)` \|", page, flags=re.MULTILINE))
+
+
+def test_the_recipes_page_lists_exactly_the_recipes_that_ship():
     assert SHIPPED, f"precondition: {RECIPES_DIR} holds recipes"
-    assert _readme_recipe_table() == set(SHIPPED)
+    assert _recipes_page_table() == set(SHIPPED)
 
 
 def test_some_shipped_recipe_builds_on_this_machine():
@@ -85,6 +166,38 @@ def test_shipped_recipe_loads_and_describes_itself(name):
     assert load_recipe(RECIPES_DIR / name).recipe.description
 
 
+@pytest.mark.artifact
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=f"{name}: model.device is cuda, and torch sees no GPU"))
+    if _needs_cuda(name) else name for name in SHIPPED
+])
+def test_every_shipped_recipe_builds_at_tiny_size_writes_its_artifacts_and_validates(tiny_builds, name, cli):
+    from aot.export.aoti_package import AOTI_FILE
+    from aot.recipe.load import is_decoder_with_cache, tokenizer_directory
+
+    directory, overrides = tiny_builds.directory(name), tiny_builds[name][1]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["recipe"].get("overrides", []) == overrides, "built at the tiny size TINY gives"
+    loaded = load_recipe(RECIPES_DIR / name)
+    export = loaded.recipe.export
+    enabled = {
+        "recipe.yaml": True, "config.json": True,
+        "graph_module/module.py": export.graph_module.enabled, "graph_module/weights.safetensors": export.graph_module.enabled,
+        "model.onnx": export.onnx.enabled, AOTI_FILE: export.aoti.enabled,
+        "preprocessor_config.json": loaded.recipe.model.image_processor is not None,
+        "generation_config.json": is_decoder_with_cache(loaded),
+        "tokenizer_config.json": tokenizer_directory(loaded) is not None,
+    }
+    written = {relative for relative in manifest["artifacts"] if (directory / relative).is_file()}
+    assert set(manifest["artifacts"]) == written, "every artifact the manifest lists is there"
+    assert {relative for relative, on in enabled.items() if on} <= written, sorted(written)
+    assert not {relative for relative, on in enabled.items() if not on} & written, sorted(written)
+    assert manifest["validation"] and all(v["ok"] for v in manifest["validation"]), manifest["validation"]
+    result = cli("validate", directory)
+    assert result.exit_code == 0, result.described
+
+
+@pytest.mark.full
 @pytest.mark.parametrize("name", BUILDABLE)
 def test_manifest_reports_validation_at_three_shapes(builds, name):
     manifest = json.loads((builds[name] / "manifest.json").read_text())
@@ -99,6 +212,7 @@ def test_manifest_reports_validation_at_three_shapes(builds, name):
         assert (builds[name] / relative).stat().st_size == described["bytes"]
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", BUILDABLE)
 def test_saved_graph_module_runs_without_aot_or_transformers(builds, name, tmp_path):
     loaded = load_recipe(RECIPES_DIR / name)
@@ -120,6 +234,7 @@ def test_saved_graph_module_runs_without_aot_or_transformers(builds, name, tmp_p
         assert comparison.ok or _fidelity_gated(loaded, comparison), comparison.summary()
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", WITH_ONNX)
 def test_onnx_passes_checker_and_matches_eager_with_dynamic_axes(builds, name):
     path = builds[name] / "model.onnx"
@@ -159,6 +274,7 @@ def _without_timings(manifest: dict) -> dict:
     return {key: value for key, value in manifest.items() if key != "run"}
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", ["bert.yaml", "minilm_int8.yaml"])  # float32, and int8 with its accuracy gate
 def test_a_recipe_builds_byte_identical_in_two_processes(builds, tmp_path, name):
     second = tmp_path / "again"
@@ -177,6 +293,7 @@ def test_a_recipe_builds_byte_identical_in_two_processes(builds, tmp_path, name)
         assert (builds[name] / relative).read_bytes() == (second / relative).read_bytes(), relative
 
 
+@pytest.mark.full
 def test_bert_onnx_shows_the_optimisations(builds):
     graph = onnx.load(str(builds["bert.yaml"] / "model.onnx"), load_external_data=False).graph
     op_types = [node.op_type for node in graph.node]
@@ -211,6 +328,7 @@ def test_some_shipped_recipe_is_a_decoder_with_a_cache():
     assert len(DECODERS) >= 3, DECODERS  # GPT-2, a Llama-family one and a sliding-window one
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", EXACT_DECODERS)
 def test_decoder_artifacts_generated_eagers_exact_tokens(builds, name):
     manifest = json.loads((builds[name] / "manifest.json").read_text())
@@ -222,6 +340,7 @@ def test_decoder_artifacts_generated_eagers_exact_tokens(builds, name):
     assert all(g["ok"] and g["new_tokens"] >= 32 for g in generation), [g["message"] for g in generation if not g["ok"]]
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", GATED_DECODERS)
 def test_gated_decoder_artifacts_meet_their_fidelity_gate(builds, name):
     fidelity = load_recipe(RECIPES_DIR / name).recipe.generation.fidelity
@@ -235,6 +354,7 @@ def test_gated_decoder_artifacts_meet_their_fidelity_gate(builds, name):
     assert exact and all(g["judged_by"] == "fidelity gate" for g in exact), "exact tokens are recorded, the gate decides"
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", EXACT_DECODERS)
 def test_plain_onnx_runtime_greedy_loop_makes_eagers_tokens(builds, name):
     """A user's own loop over model.onnx (onnxruntime and numpy only, nothing from aot) against eager generate."""
@@ -260,6 +380,7 @@ def test_plain_onnx_runtime_greedy_loop_makes_eagers_tokens(builds, name):
     assert len({int(t) for t in expected[0]}) > 8, "random weights that emit few distinct tokens would prove little"
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", BUILDABLE)
 def test_the_build_directory_ships_what_a_deployment_needs(builds, name):
     from transformers import AutoConfig, AutoTokenizer
@@ -289,10 +410,12 @@ def test_the_build_directory_ships_what_a_deployment_needs(builds, name):
         assert shipped(text)["input_ids"] == original(text)["input_ids"]
 
 
-def test_validate_catches_a_changed_and_a_missing_tokenizer_file(builds, tmp_path, cli):
+@pytest.mark.artifact
+def test_validate_catches_a_changed_and_a_missing_tokenizer_file(tiny_builds, tmp_path, cli):
     import shutil
 
-    directory = Path(shutil.copytree(builds["minilm.yaml"], tmp_path / "minilm"))
+    assert tiny_overrides("minilm.yaml") == [], "precondition: the artifact tier builds the real checkpoint as shipped"
+    directory = Path(shutil.copytree(tiny_builds.directory("minilm.yaml"), tmp_path / "minilm"))
     assert cli("validate", directory).exit_code == 0, "the precondition: the build validates as shipped"
     tokenizer = json.loads((directory / "tokenizer.json").read_text())
     vocab = tokenizer["model"]["vocab"]

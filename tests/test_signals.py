@@ -80,6 +80,7 @@ def _start_build_in_export(tmp_path: Path) -> tuple[subprocess.Popen, Path, int]
     return process, staging, child
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize(("signal_number", "code", "message"), [(signal.SIGTERM, 143, "terminated by SIGTERM"), (signal.SIGINT, 130, "interrupted")])
 def test_signal_during_export_stops_child_removes_staging_one_line(tmp_path, signal_number, code, message):
     process, staging, child = _start_build_in_export(tmp_path)
@@ -94,6 +95,7 @@ def test_signal_during_export_stops_child_removes_staging_one_line(tmp_path, sig
     assert _wait_until(lambda: not _alive(child), 5), "the export child is stopped"
 
 
+@pytest.mark.artifact
 def test_export_child_dies_when_the_build_is_killed(tmp_path):
     process, _, child = _start_build_in_export(tmp_path)
     os.kill(process.pid, signal.SIGKILL)

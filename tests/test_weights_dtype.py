@@ -86,6 +86,7 @@ def test_a_narrow_model_computes_what_the_float32_model_computes(bfloat16_checkp
             torch.testing.assert_close(narrow(input_ids=ids).logits, wide(input_ids=ids).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.artifact
 def test_merged_and_quantised_layers_keep_reading_the_narrow_weights(bfloat16_checkpoint):
     from aot.tracing import symbolic_trace
 
@@ -119,7 +120,7 @@ def _recipe(root: Path, checkpoint: Path, weights_dtype: str | None) -> Path:
     return path
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 def test_narrow_weights_build_the_same_artifacts_with_a_half_size_embedding(tmp_path, bfloat16_checkpoint):
     outputs = {dtype: Path(build(_recipe(tmp_path, bfloat16_checkpoint, dtype), tmp_path / f"out-{dtype}").output)
                for dtype in (None, "bfloat16")}
@@ -182,6 +183,7 @@ class _Lookup(nn.Module):
         return self.head(self.table(ids))
 
 
+@pytest.mark.artifact
 def test_narrow_layers_save_and_run_with_torch_alone(tmp_path):
     from aot.export import load, save_graph_module
     from aot.tracing import symbolic_trace

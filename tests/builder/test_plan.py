@@ -102,6 +102,7 @@ def _visits(journey: list[str], transparent: set[str]) -> Counter:
     return visits
 
 
+@pytest.mark.artifact
 def test_the_plan_enters_each_file_at_most_twice(write_recipe, tmp_path, monkeypatch):
     from aot.builder.spine import build
 

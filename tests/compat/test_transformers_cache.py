@@ -76,6 +76,7 @@ def test_cache_keyword_and_returned_cache_read_each_spelling():
     assert returned_cache({"logits": 0}) is None
 
 
+@pytest.mark.artifact
 def test_a_flat_step_generates_the_same_tokens_on_either_spelling():
     native, other = _models()
     steps = {name: FlatCacheDecoder(model) for name, model in ((INSTALLED, native), (OTHER, other))}

@@ -78,7 +78,7 @@ def test_calibration_texts_no_pass_fits_to_are_not_even_read(gptq_recipe):
     assert plan_build(load_recipe(gptq_recipe)).passes.calibration is None
 
 
-@pytest.mark.slow
+@pytest.mark.full  # three builds of llama_int4.yaml at its shipped size: GPTQ's gain over rounding shows there
 def test_a_gptq_build_is_byte_reproducible_and_closer_to_eager_than_rounding_to_nearest(gptq_recipe, cli):
     nearest_recipe = gptq_recipe.with_name("nearest.yaml")
     nearest_recipe.write_text(gptq_recipe.read_text().replace(GPTQ_PASS, "quantize_linear_weights: {bits: 4, group_size: 32}"))

@@ -55,6 +55,7 @@ def built(tmp_path_factory):
     return results
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("family", list(_TINY))
 def test_both_artifacts_generate_eagers_tokens_at_every_prompt(built, family):
     _, directory, report = built[family]
@@ -81,6 +82,7 @@ def test_onnx_model_has_the_decoder_with_past_names(built, family):
     assert [d.dim_param or d.dim_value for d in past] == ["batch", 2 if family == "llama" else 4, "past_sequence", 16]
 
 
+@pytest.mark.artifact
 def test_saved_module_generates_with_torch_alone(built):
     recipe, directory, _ = built["llama"]
     model = runpy.run_path(str(directory / "graph_module" / "module.py"))["load"]()
@@ -94,6 +96,7 @@ def test_saved_module_generates_with_torch_alone(built):
     assert torch.equal(actual, expected)
 
 
+@pytest.mark.artifact
 def test_a_wrong_step_is_named_at_the_first_token_it_changes():
     step = load_model(plan_build(load_recipe(_recipe_path_for_check())).model)
     checked = prompts([5], step.config.vocab_size, seed=0)
@@ -179,6 +182,7 @@ def test_a_model_without_a_cache_is_refused_at_its_class(tmp_path):
         load_model(plan_build(loaded).model)
 
 
+@pytest.mark.artifact
 def test_validating_the_directory_again_generates_again(built):
     from aot.validate.directory import validate_directory
 
@@ -206,7 +210,7 @@ _FAMILIES = {  # (class, config, attention): the decoder families the issue name
 }
 
 
-@pytest.mark.slow
+@pytest.mark.full  # a zoo of decoder families, ten builds; the shipped decoders' tiny builds run in the artifact tier
 @pytest.mark.parametrize("frontend", ["export", "fx"])
 @pytest.mark.parametrize("family", list(_FAMILIES))
 def test_decoder_family_builds_and_generates_eagers_tokens(tmp_path, family, frontend):
@@ -230,6 +234,7 @@ def test_decoder_family_builds_and_generates_eagers_tokens(tmp_path, family, fro
     assert ("past_window_sequence" in past_axes.values()) == windowed, past_axes
 
 
+@pytest.mark.artifact
 def test_last_logits_only_keep_one_position_and_the_same_tokens(tmp_path):
     recipe = _recipe(tmp_path, "llama")
     text = open(recipe).read().replace("generation: {cache: true,", "generation: {cache: true, logits: last,")

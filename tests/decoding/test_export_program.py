@@ -11,6 +11,7 @@ from tests.decoding.test_flat_cache import assert_same_tokens
 from tests.decoding.zoo import MODELS, WINDOW, decoder, eager_generate, program
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", list(MODELS))
 def test_exported_module_generates_eager_tokens(name):
     exported = program(name)

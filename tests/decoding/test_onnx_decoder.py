@@ -56,6 +56,7 @@ def ort_greedy(path, input_ids: np.ndarray, attention_mask: np.ndarray, new_toke
     return tokens
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", list(MODELS))
 def test_onnx_model_is_valid_and_named_by_the_convention(name, onnx_file):
     path = onnx_file(name)
@@ -76,6 +77,7 @@ def test_onnx_model_is_valid_and_named_by_the_convention(name, onnx_file):
     assert outputs["logits"] == ["batch", "sequence", 128]
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", list(MODELS))
 def test_plain_onnx_runtime_loop_generates_eager_tokens(name, onnx_file):
     path = onnx_file(name)
@@ -86,6 +88,7 @@ def test_plain_onnx_runtime_loop_generates_eager_tokens(name, onnx_file):
         assert differing.size == 0, f"onnxruntime: tokens differ from eager generate for '{label}' at (row, position) {differing[0].tolist()}"
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", list(MODELS))
 def test_onnx_step_generates_eager_tokens(name, onnx_file):
     step = OnnxStep(onnx_file(name))

@@ -32,6 +32,7 @@ def _assert_integrity_failure(result, *fragments: str) -> None:
         assert fragment in lines[0], result.stderr
 
 
+@pytest.mark.artifact
 def test_untouched_build_validates(copy_build):
     build = copy_build()
     result = run_aot("validate", build, "--expect-sha256", _manifest_sha256(build))
@@ -39,6 +40,7 @@ def test_untouched_build_validates(copy_build):
     assert "files match the manifest" in result.stdout
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("command", ["validate", "bench"])
 def test_a_payload_in_module_py_never_runs(copy_build, tmp_path, command):
     build, marker = copy_build(), tmp_path / "payload-ran"
@@ -48,6 +50,7 @@ def test_a_payload_in_module_py_never_runs(copy_build, tmp_path, command):
     assert not marker.exists()
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("command", ["validate", "bench"])
 def test_a_rehashed_manifest_is_caught_by_the_published_sha256(copy_build, tmp_path, command):
     build, marker = copy_build(), tmp_path / "payload-ran"
@@ -59,6 +62,7 @@ def test_a_rehashed_manifest_is_caught_by_the_published_sha256(copy_build, tmp_p
     assert not marker.exists()
 
 
+@pytest.mark.artifact
 def test_a_swapped_recipe_is_caught_by_the_published_sha256(copy_build, tmp_path):
     build = copy_build()
     published = _manifest_sha256(build)
@@ -72,6 +76,7 @@ def test_a_swapped_recipe_is_caught_by_the_published_sha256(copy_build, tmp_path
     _assert_integrity_failure(run_aot("validate", build, "--expect-sha256", published), "manifest.json")
 
 
+@pytest.mark.artifact
 def test_paths_outside_the_directory_are_refused(copy_build):
     build = copy_build()
     manifest = json.loads((build / "manifest.json").read_text())
@@ -80,6 +85,7 @@ def test_paths_outside_the_directory_are_refused(copy_build):
     _assert_integrity_failure(run_aot("validate", build), "../../etc/hostname", "outside")
 
 
+@pytest.mark.artifact
 def test_a_link_in_place_of_an_artifact_is_refused(copy_build, tmp_path):
     build = copy_build()
     outside = tmp_path / "elsewhere.py"
@@ -90,12 +96,14 @@ def test_a_link_in_place_of_an_artifact_is_refused(copy_build, tmp_path):
     _assert_integrity_failure(run_aot("validate", build), "module.py", "link")
 
 
+@pytest.mark.artifact
 def test_unlisted_files_are_reported(copy_build):
     build = copy_build()
     (build / "graph_module" / "sitecustomize.py").write_text("print('hi')\n")
     _assert_integrity_failure(run_aot("validate", build), "sitecustomize.py", "not listed")
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [("{not json", "not valid JSON"), (b"\xff\xfe\x00", "not valid JSON"), ('{"artifacts": []}', "not an aot manifest")],
@@ -108,18 +116,21 @@ def test_a_broken_manifest_is_an_integrity_failure(copy_build, content, fragment
     _assert_integrity_failure(run_aot("validate", build), "manifest.json", fragment)
 
 
+@pytest.mark.artifact
 def test_a_missing_artifact_is_named(copy_build):
     build = copy_build()
     (build / "model.onnx.data").unlink()
     _assert_integrity_failure(run_aot("validate", build), "model.onnx.data", "missing")
 
 
+@pytest.mark.artifact
 def test_not_a_build_directory_is_a_usage_error(tmp_path):
     result = run_aot("validate", tmp_path)
     assert result.returncode == 2 and "not an aot build directory" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("command", ["validate", "bench"])
 def test_a_rehashed_module_py_runs_under_no_command_without_consent(copy_build, tmp_path, command):
     build, marker = copy_build(), tmp_path / "payload-ran"
@@ -133,6 +144,7 @@ def test_a_rehashed_module_py_runs_under_no_command_without_consent(copy_build, 
         assert marker.read_text() == PAYLOAD_MARK
 
 
+@pytest.mark.artifact
 def test_a_rehashed_recipe_factory_runs_without_consent_under_no_command(copy_build, tmp_path):
     build, marker = copy_build(), tmp_path / "factory-ran"
     manifest = json.loads((build / "manifest.json").read_text())
@@ -148,6 +160,7 @@ def test_a_rehashed_recipe_factory_runs_without_consent_under_no_command(copy_bu
     assert not marker.exists()
 
 
+@pytest.mark.artifact
 def test_a_build_of_this_machine_and_a_published_digest_are_consent(copy_build, tmp_path):
     from aot.directory.consent import built_here
 

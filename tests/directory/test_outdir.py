@@ -33,6 +33,7 @@ def _project(tmp_path: Path) -> Path:
     return project
 
 
+@pytest.mark.artifact
 def test_output_dot_in_a_project_is_refused_and_untouched(tmp_path):
     project = _project(tmp_path)
     before = _tree_bytes(project)
@@ -42,6 +43,7 @@ def test_output_dot_in_a_project_is_refused_and_untouched(tmp_path):
     assert "not an aot build directory" in result.stderr
 
 
+@pytest.mark.artifact
 def test_recipe_output_key_onto_a_project_is_refused(tmp_path):
     project = _project(tmp_path)
     (project / "tiny.yaml").write_text(TINY_BERT + f"output: {project}\n")
@@ -50,6 +52,7 @@ def test_recipe_output_key_onto_a_project_is_refused(tmp_path):
     _assert_refused(result, project, before, tmp_path)
 
 
+@pytest.mark.artifact
 def test_a_file_of_the_users_inside_an_earlier_build_is_not_deleted(copy_build, tmp_path):
     build = copy_build()
     assert (build / "manifest.json").is_file()
@@ -62,6 +65,7 @@ def test_a_file_of_the_users_inside_an_earlier_build_is_not_deleted(copy_build, 
     assert "notes.txt" in result.stderr
 
 
+@pytest.mark.artifact
 def test_a_directory_with_a_foreign_manifest_is_refused(tmp_path):
     target = tmp_path / "target"
     target.mkdir()
@@ -84,7 +88,7 @@ def test_output_that_is_a_file_is_a_one_line_usage_error(tmp_path):
     assert target.read_bytes() == b"\x00\x01"
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 def test_an_empty_directory_and_an_earlier_build_are_replaced(cli, tmp_path, write_recipe):
     target = tmp_path / "empty"
     target.mkdir()
@@ -115,6 +119,7 @@ def _build_into(directory: Path, tmp_path: Path):
     return run_aot("build", recipe, "-o", directory / "out", cwd=tmp_path)
 
 
+@pytest.mark.artifact
 def test_read_only_output_is_refused_before_any_work(tmp_path):
     with _tmpfs(tmp_path / "ro", "size=1m,ro") as mountpoint:
         result = _build_into(mountpoint, tmp_path)
@@ -122,6 +127,7 @@ def test_read_only_output_is_refused_before_any_work(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and "not writable" in result.stderr, result.stderr
 
 
+@pytest.mark.artifact
 def test_a_full_disk_is_an_export_failure_and_leaves_nothing(tmp_path):
     with _tmpfs(tmp_path / "full", "size=200k") as mountpoint:
         result = _build_into(mountpoint, tmp_path)

@@ -45,6 +45,7 @@ def _inputs(batch: int, sequence: int) -> dict[str, torch.Tensor]:
     return {"input_ids": torch.randint(0, 128, (batch, sequence), generator=generator), "attention_mask": mask}
 
 
+@pytest.mark.artifact
 def test_manifest_lists_the_package_and_says_it_is_not_reproducible(built: Path) -> None:
     manifest = json.loads((built / "manifest.json").read_text())
     assert (built / AOTI_FILE).is_file()
@@ -55,6 +56,7 @@ def test_manifest_lists_the_package_and_says_it_is_not_reproducible(built: Path)
     assert manifest["aoti"]["inputs"] == ["input_ids", "attention_mask"]
 
 
+@pytest.mark.artifact
 def test_build_validated_the_package_at_every_shape(built: Path) -> None:
     manifest = json.loads((built / "manifest.json").read_text())
     checked = [entry for entry in manifest["validation"] if entry["artifact"] == "aoti"]
@@ -63,6 +65,7 @@ def test_build_validated_the_package_at_every_shape(built: Path) -> None:
     assert max(entry["max_abs"] for entry in checked) < 1e-4
 
 
+@pytest.mark.artifact
 def test_package_runs_with_torch_alone_and_matches_the_graph_module(built: Path, tmp_path: Path) -> None:
     """A fresh interpreter that imports torch only loads the package; its outputs match module.py's at an unvalidated shape."""
     inputs = _inputs(3, 21)
@@ -90,6 +93,7 @@ def test_package_runs_with_torch_alone_and_matches_the_graph_module(built: Path,
         torch.testing.assert_close(value, expected[name], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.artifact
 def test_validate_directory_checks_the_package_again(built: Path) -> None:
     report = validate_directory(built)
     checked = [comparison for comparison in report.validation if comparison.artifact == "aoti"]
@@ -97,6 +101,7 @@ def test_validate_directory_checks_the_package_again(built: Path) -> None:
     assert all(comparison.ok for comparison in checked)
 
 
+@pytest.mark.artifact
 def test_a_child_that_dies_is_reported_with_its_signal(built: Path) -> None:
     with AotiProcess(built / AOTI_FILE) as package, messages_of("aot.export.aoti_package") as messages:
         assert package.run(_inputs(1, 4))["last_hidden_state"].shape == (1, 4, 32)
@@ -107,6 +112,7 @@ def test_a_child_that_dies_is_reported_with_its_signal(built: Path) -> None:
     assert logged and "Fatal Python error: Segmentation fault" in logged[0], "the child's own account is logged"
 
 
+@pytest.mark.artifact
 def test_a_file_that_is_no_package_fails_to_load_naming_it(tmp_path: Path) -> None:
     bogus = tmp_path / "model.pt2"
     bogus.write_bytes(b"not a zip archive")
@@ -124,6 +130,7 @@ def test_aoti_is_off_unless_asked_and_takes_a_bare_boolean(tmp_path: Path) -> No
         load_recipe(tmp_path / "typo.yaml")
 
 
+@pytest.mark.artifact
 def test_bench_times_the_package_in_a_process_of_its_own(built: Path) -> None:
     from aot.bench import bench
 
@@ -135,6 +142,7 @@ def test_bench_times_the_package_in_a_process_of_its_own(built: Path) -> None:
     assert figures["aoti"].median_ms > 0 and figures["aoti"].peak_mib is not None
 
 
+@pytest.mark.artifact
 def test_cuda_peers_are_refused_for_a_cpu_build(built: Path) -> None:
     from aot.bench import bench
     from aot.bench.peers import peer_names
@@ -144,6 +152,7 @@ def test_cuda_peers_are_refused_for_a_cpu_build(built: Path) -> None:
         bench(built, runs=1, peers=("torch_compile",))
 
 
+@pytest.mark.artifact
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_package_is_built_and_validated_on_the_gpu(tmp_path: Path) -> None:
     (tmp_path / "cuda.yaml").write_text(RECIPE.replace("  seed: 0\n", "  seed: 0\n  device: cuda\n"))
@@ -154,6 +163,7 @@ def test_cuda_package_is_built_and_validated_on_the_gpu(tmp_path: Path) -> None:
     assert [entry["shape"] for entry in checked] == SHAPES and all(entry["ok"] for entry in checked)
 
 
+@pytest.mark.artifact
 def test_aot_load_runs_the_package_as_the_torch_runtime_runs_module_py(built: Path, tiny_build: Path) -> None:
     from aot.run.built_model import load
 

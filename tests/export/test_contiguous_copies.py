@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import numpy as np
 import torch
 import torch.fx
@@ -44,6 +45,7 @@ def test_only_a_contiguous_read_by_reshapes_becomes_a_copy_in_a_new_graph():
     assert with_explicit_copies(untouched) is untouched
 
 
+@pytest.mark.artifact
 def test_swin_exports_to_onnx_with_a_dynamic_batch_and_matches_eager(tmp_path):
     config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
                                      encoder_stride=8)

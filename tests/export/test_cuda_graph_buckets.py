@@ -85,6 +85,7 @@ def bucketed(tmp_path_factory) -> Path:
     return _build(tmp_path_factory.mktemp("cuda-graphs"), RECIPE.replace("DEVICE", "cpu"))
 
 
+@pytest.mark.artifact
 def test_the_saved_module_names_its_buckets_and_axes(bucketed):
     source = (bucketed / "graph_module" / "module.py").read_text()
     assert "class CudaGraphBuckets" in source and "CUDA_GRAPHS = " in source

@@ -108,7 +108,7 @@ def isolated_outputs(saved, tmp_path_factory):
 CASE_KEYS = ["convnet_fx", "bert_fx", "bert_export", "resnet_export", "gpt2_block_fx"]
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 @pytest.mark.parametrize("key", CASE_KEYS)
 def test_loads_with_torch_alone_and_matches_eager(saved, isolated_outputs, key):
     model, _, _, inputs = saved[key]
@@ -118,6 +118,7 @@ def test_loads_with_torch_alone_and_matches_eager(saved, isolated_outputs, key):
             _assert_close(model(**case), got, f"{key} standalone at {[tuple(t.shape) for t in case.values()]}")
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("key", CASE_KEYS)
 def test_aot_load_rebuilds_the_same_graph(saved, key):
     model, gm, directory, inputs = saved[key]
@@ -155,6 +156,7 @@ def test_fx_graph_keeps_copied_aot_function_and_scope(saved):
         assert type(after.meta.get("scope")) is type(before.meta.get("scope"))
 
 
+@pytest.mark.artifact
 def test_export_graph_returns_a_dict_in_place_of_model_output(saved, isolated_outputs):
     model, gm, _, inputs = saved["bert_export"]
     assert type(gm(**inputs[0])).__name__ == "BaseModelOutputWithPoolingAndCrossAttentions"

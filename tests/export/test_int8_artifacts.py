@@ -60,6 +60,7 @@ def _op_types(model: onnx.ModelProto) -> collections.Counter:
     return collections.Counter(node.op_type for node in model.graph.node)
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("optimize", [None, "ort_fusions"])
 def test_the_onnx_model_quantises_like_the_graph_and_ort_runs_int8_kernels(int8_bert, tmp_path, optimize):
     graph_module, layers = int8_bert

@@ -47,6 +47,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.artifact
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
 def test_load_keeps_large_freed_blocks_for_reuse(tmp_path):
     save_graph_module(torch.fx.symbolic_trace(models.convnet()), tmp_path / "gm")

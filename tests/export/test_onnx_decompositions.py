@@ -48,6 +48,7 @@ def _export(model, x):
     return torch.export.export(model, (), {"x": x}, dynamic_shapes={"x": {0: torch.export.Dim("batch", max=64)}})
 
 
+@pytest.mark.artifact
 def test_the_nodes_that_need_it_are_decomposed_as_the_whole_program_retrace_decomposes_them(table):
     x = torch.randn(3, 8)
     program = _export(Reductions(), x)
@@ -75,6 +76,7 @@ class LinearGelu(torch.nn.Module):
         return torch.nn.functional.gelu(self.linear(x))
 
 
+@pytest.mark.artifact
 def test_outputs_that_were_decomposed_keep_their_place_in_the_onnx_model(tmp_path):
     x = torch.randn(3, 8)
     program = _export(Reductions(), x)
@@ -182,6 +184,7 @@ def _count_retraces(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("frontend", ["fx", "export"])
 def test_bert_exports_without_a_retrace_to_the_graph_the_retrace_gives(tmp_path, monkeypatch, frontend):
     bert = models.tiny_bert()
@@ -208,6 +211,7 @@ def test_bert_exports_without_a_retrace_to_the_graph_the_retrace_gives(tmp_path,
             np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.artifact
 def test_the_reason_for_a_whole_program_retrace_is_logged(tmp_path):
     path = tmp_path / "model.onnx"
     with messages_of(onnx_decompositions.__name__, logging.INFO) as messages:

@@ -44,7 +44,7 @@ def _dims(value_info) -> list[str | int]:
     return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 @pytest.mark.parametrize("key", list(CASES))
 def test_onnx_matches_eager_with_named_dynamic_axes(tmp_path, key):
     model, build, dims, inputs = CASES[key]
@@ -66,7 +66,7 @@ def test_onnx_matches_eager_with_named_dynamic_axes(tmp_path, key):
     assert not {"MultiHeadAttention", "SkipLayerNormalization", "BiasGelu"} & set(_op_types(path))  # nothing fused
 
 
-@pytest.mark.slow
+@pytest.mark.full  # four optimised exports; the shipped recipes' tiny builds run ort_fusions for the cpu in the artifact tier
 @pytest.mark.parametrize(
     "key, optimize, target, exporter_optimize",
     [
@@ -99,6 +99,7 @@ def test_onnx_optimised_as_the_recipe_asks_matches_eager(tmp_path, key, optimize
     _assert_matches_eager(model, path, inputs, f"{key} {optimize} for {target}")
 
 
+@pytest.mark.artifact
 def test_ort_fusions_have_no_file_level_stage(tmp_path):
     path = tmp_path / "model.onnx"
     write_as_built(torch.fx.symbolic_trace(models.convnet()), models.convnet_inputs(2, 8), None, path)
@@ -145,6 +146,7 @@ class Rejected(torch.nn.Module):
         return torch.ops.aot_onnx_test.mystery(self.linear(x))
 
 
+@pytest.mark.artifact
 def test_rejected_graph_raises_one_line_and_leaves_nothing(tmp_path):
     gm = torch.fx.symbolic_trace(Rejected())
     path = tmp_path / "out" / "model.onnx"
@@ -158,6 +160,7 @@ def test_rejected_graph_raises_one_line_and_leaves_nothing(tmp_path):
     assert list(path.parent.iterdir()) == []
 
 
+@pytest.mark.artifact
 def test_opset_is_configurable(tmp_path):
     gm = torch.fx.symbolic_trace(models.convnet())
     path = tmp_path / "model.onnx"
@@ -167,6 +170,7 @@ def test_opset_is_configurable(tmp_path):
     assert all(isinstance(d, int) for value in proto.graph.input for d in _dims(value)), "no dynamic dims asked"
 
 
+@pytest.mark.artifact
 def test_opset_the_converter_cannot_reach_is_an_error(tmp_path):
     gm = torch.fx.symbolic_trace(models.convnet())
     with pytest.raises(ExportError, match="opset 17 was asked for but the exporter produced opset 18"):
@@ -174,6 +178,7 @@ def test_opset_the_converter_cannot_reach_is_an_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.artifact
 def test_small_weights_stay_inline_with_external_data_auto(tmp_path):
     gm = torch.fx.symbolic_trace(models.convnet())
     path = tmp_path / "model.onnx"
@@ -181,6 +186,7 @@ def test_small_weights_stay_inline_with_external_data_auto(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
 
 
+@pytest.mark.artifact
 def test_large_weights_go_to_external_data(tmp_path, monkeypatch):
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)  # the forked child inherits it
     model = models.convnet()
@@ -205,6 +211,7 @@ def test_unknown_dynamic_input_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.artifact
 def test_run_onnx_names_a_missing_input(tmp_path):
     gm = torch.fx.symbolic_trace(models.convnet())
     path = tmp_path / "model.onnx"
@@ -224,6 +231,7 @@ class PositionTable(torch.nn.Module):
         return x + self.table[: x.shape[1]]
 
 
+@pytest.mark.artifact
 def test_bounded_dims_keep_their_names_and_hold_over_their_range(tmp_path):
     gm = torch.fx.symbolic_trace(PositionTable())
     path = tmp_path / "model.onnx"

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 import torch
 
 from aot.builder.spine import build
@@ -23,6 +24,7 @@ def _element_types(path) -> tuple[set[int], list[int]]:
     return {t.data_type for t in proto.graph.initializer}, [o.type.tensor_type.elem_type for o in proto.graph.output]
 
 
+@pytest.mark.artifact
 def test_float16_model_keeps_float32_outputs_and_matches_eager_at_float16_tolerance(tmp_path):
     model = models.tiny_bert()
     inputs = [models.text_inputs(b, s) for b, s in models.TEXT_SHAPES]
@@ -50,6 +52,7 @@ def test_float16_model_keeps_float32_outputs_and_matches_eager_at_float16_tolera
             assert np.abs(got[name] - expected).max() > 1e-5
 
 
+@pytest.mark.artifact
 def test_build_validates_a_float16_onnx_at_the_float16_tolerances(write_recipe, tmp_path):
     from tests.conftest import TINY_BERT
 
@@ -66,6 +69,7 @@ def test_build_validates_a_float16_onnx_at_the_float16_tolerances(write_recipe, 
     assert onnx.TensorProto.FLOAT16 in initializer_types
 
 
+@pytest.mark.artifact
 def test_float16_without_fusions_and_after_the_transformer_optimizer(tmp_path):
     model = models.tiny_bert()
     inputs = [models.text_inputs(b, s) for b, s in models.TEXT_SHAPES]

@@ -67,6 +67,7 @@ def exported(request, tmp_path_factory):
     return graph_module, _export(graph_module, path, int4_prompts="int8_gemm"), path
 
 
+@pytest.mark.artifact
 def test_each_int8_activation_layer_branches_between_matmul_nbits_and_the_int8_gemm(exported):
     graph_module, model, _ = exported
     branches = [node for node in model.graph.node if node.op_type == "If"]
@@ -175,6 +176,7 @@ def test_the_prompt_branch_computes_the_graph_modules_int8_sums_on_any_cpu(expor
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * scale)
 
 
+@pytest.mark.artifact
 def test_without_the_option_no_layer_branches_and_no_int8_weights_are_stored(tmp_path):
     graph_module = _quantized(True)
     model = _export(graph_module, tmp_path / "model.onnx")
@@ -201,6 +203,7 @@ class LastPositionHead(torch.nn.Module):
         return self.lm_head(self.body(input)[:, -1:])
 
 
+@pytest.mark.artifact
 def test_a_layer_that_sees_one_position_a_sequence_stores_no_int8_weights(tmp_path):
     torch.manual_seed(0)
     graph_module = fx_graph(LastPositionHead().eval(), torch.randn(2, 3, 64))

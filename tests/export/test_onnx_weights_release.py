@@ -31,6 +31,7 @@ def _bert_with_unfoldable_weights() -> transformers.BertModel:
     return transformers.BertModel(config).eval()
 
 
+@pytest.mark.artifact
 @pytest.mark.skipif(not can_fork(), reason="fork is used on Linux only")
 def test_the_weights_are_freed_with_the_graph_after_a_forked_export_with_fusions(tmp_path):
     gm = models.fx_graph(_bert_with_unfoldable_weights(), ["input_ids", "attention_mask"])

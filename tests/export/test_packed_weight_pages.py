@@ -77,6 +77,7 @@ def _onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@pytest.mark.artifact
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_PAGEOUT is Linux's")
 @pytest.mark.skipif(not _onednn_linear_available(), reason="this torch has no oneDNN linear: nothing is packed")
 def test_load_packs_linears_and_their_file_pages_leave_memory_with_every_value_kept(tmp_path):
@@ -92,6 +93,7 @@ def test_load_packs_linears_and_their_file_pages_leave_memory_with_every_value_k
     assert _stored_sums(tmp_path) == report["sums"]
 
 
+@pytest.mark.artifact
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_PAGEOUT is Linux's")
 def test_load_derives_int4_layers_kernel_forms_and_their_codes_pages_leave_memory(tmp_path):
     """An int4 layer's kernels multiply by copies of its codes and scales (int4 tiles, int8 codes): their pages go back."""

@@ -26,7 +26,7 @@ def _op_types(path) -> collections.Counter:
     return collections.Counter(node.op_type for node in onnx.load(path).graph.node)
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 def test_merged_linears_reverse_after_reload_and_show_in_onnx(tmp_path):
     bert = models.tiny_bert()
     plain = models.fx_graph(bert, ["input_ids", "attention_mask"])
@@ -55,6 +55,7 @@ def _conv_weight(path) -> np.ndarray:
     return next(numpy_helper.to_array(t, base_dir=str(path.parent)) for t in proto.graph.initializer if t.name == conv.input[1])
 
 
+@pytest.mark.artifact
 def test_fused_batch_norm_shows_in_onnx_as_a_conv_with_the_norm_in_its_weights(tmp_path):
     # As the build exports (exporter_optimize: false): the exporter folds nothing, so the ONNX of the
     # unfused graph holds its BatchNormalization, and only the pass takes it out.

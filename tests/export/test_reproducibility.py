@@ -48,7 +48,7 @@ def _digests(directory: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 def test_two_processes_write_identical_bytes(tmp_path):
     repository = Path(__file__).resolve().parents[2]
     script = tmp_path / "build.py"

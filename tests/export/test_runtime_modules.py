@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from aot.export import load, save_graph_module
@@ -21,6 +22,7 @@ class Mlp(torch.nn.Module):
         return self.down(self.act(self.up(x)))
 
 
+@pytest.mark.artifact
 def test_prepacked_linears_save_and_run_with_torch_alone(tmp_path):
     torch.manual_seed(0)
     model = Mlp().eval()

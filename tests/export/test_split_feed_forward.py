@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import collections
 
 import numpy as np
@@ -134,6 +135,7 @@ def _export(model, path, target):
     return write_as_built(gm, models.text_inputs(2, 7), models.TEXT_DIMS, path, optimize="ort_fusions", target=target, precision="float32")
 
 
+@pytest.mark.artifact
 def test_cpu_target_splits_every_block_and_keeps_the_outputs(tmp_path):
     model = _bert(intermediate_size=64)
     unsplit = _export(model, tmp_path / "cuda" / "model.onnx", "cuda")
@@ -155,6 +157,7 @@ def test_cpu_target_splits_every_block_and_keeps_the_outputs(tmp_path):
             np.testing.assert_allclose(got[name], want[name].numpy(), atol=1e-5, rtol=1e-4, err_msg=name)
 
 
+@pytest.mark.artifact
 def test_a_bert_of_odd_width_is_exported_with_its_blocks_whole(tmp_path):
     fusions = _export(_bert(intermediate_size=37), tmp_path / "model.onnx", "cpu")
     assert fusions["bias_gelu"] == 2  # the blocks are there, fused ...

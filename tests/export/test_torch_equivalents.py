@@ -23,6 +23,7 @@ def _tiny_llama() -> transformers.LlamaModel:
     return transformers.LlamaModel(config).eval()
 
 
+@pytest.mark.artifact
 def test_llama_rms_norms_become_torch_rms_norm_and_run_standalone(tmp_path):
     model = _tiny_llama()
     gm = symbolic_trace(model, input_names=["input_ids", "attention_mask"])
@@ -73,6 +74,7 @@ def test_rms_norm_lookalike_with_other_math_is_rejected(tmp_path):
         save_graph_module(gm, tmp_path / "gm")
 
 
+@pytest.mark.artifact
 def test_gemma_rms_norms_with_weight_offset_by_one_save_and_run_standalone(tmp_path):
     torch.manual_seed(0)
     config = transformers.Gemma2Config(

@@ -18,7 +18,7 @@ from aot.export.graph_module_artifact import load_standalone
 from tests.decoding.plain_loop import plain_onnx_runtime_greedy
 from tests.ort_int8 import ort_u8s8_sums_exact
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.full  # two builds of llama_int4.yaml at its shipped size (its layer counts are asserted)
 
 RECIPES = Path(__file__).parents[2] / "recipes"
 

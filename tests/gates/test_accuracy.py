@@ -83,6 +83,7 @@ def _data(vectors: torch.Tensor) -> AccuracyData:
     return AccuracyData(batches=[{"x": vectors}], examples=len(vectors), source="test")
 
 
+@pytest.mark.artifact
 def test_metrics_are_exact_for_identical_outputs_and_fall_with_noise():
     vectors = torch.randn(30, 16, generator=torch.Generator().manual_seed(0))
     spec = AccuracySpec(metrics={"cosine_min": 0.5, "spearman": 0.5, "top1_agreement": 0.5})
@@ -98,7 +99,7 @@ def test_metrics_are_exact_for_identical_outputs_and_fall_with_noise():
     assert "noisy: accuracy gate: cosine_min" in failed.summary() and "below 0.999" in failed.summary()
 
 
-@pytest.mark.slow
+@pytest.mark.full  # a gated build, its bench with the int8 peers and validate; bert_int8.yaml's tiny build meets its gate in the artifact tier
 def test_a_met_gate_is_recorded_per_artifact(tmp_path, write_recipe):
     _write_data(tmp_path)
     recipe = write_recipe(GATED.replace("COSINE_MEAN", "0.99"))
@@ -135,7 +136,7 @@ def test_there_are_passes_that_change_the_computation():
     assert "approximate_gelu" in _non_preserving_passes()  # else the test below would run for nothing
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 @pytest.mark.parametrize("pass_name", _non_preserving_passes())
 def test_a_failed_gate_names_artifact_metric_threshold_and_pass(tmp_path, write_recipe, pass_name):
     _write_data(tmp_path)

@@ -138,7 +138,7 @@ def test_reverse_restores_the_exact_denominator(frontend):
     assert not transformation.get_transformed_nodes(graph_module)
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 @pytest.mark.parametrize("frontend", FRONTENDS)
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_bert_has_no_constant_division_and_says_so(frontend, attn_implementation):

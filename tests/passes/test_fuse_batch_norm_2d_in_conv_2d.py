@@ -138,7 +138,7 @@ def test_the_callers_model_is_untouched():
     torch.testing.assert_close(model(x), graph_module(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_resnet_all_batch_norms_fused(frontend):
     model = tiny_resnet()

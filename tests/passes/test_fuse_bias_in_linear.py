@@ -115,7 +115,7 @@ def test_a_layer_called_twice_is_fused_once(frontend):
     assert_matches_eager(model, graph_module, randn_sets(*SHAPES), atol=0, rtol=0)
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_bert(frontend):
     model = tiny_bert("sdpa")

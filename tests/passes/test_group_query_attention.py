@@ -115,6 +115,7 @@ def _traced_step(name: str, frontend: str = "fx"):
 _STEP_SIZES = [{"batch": 1, "sequence": 7, "seen": 0}, {"batch": 1, "sequence": 1, "seen": 12}, {"batch": 3, "sequence": 4, "seen": 9}]
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("frontend", FRONTENDS)
 @pytest.mark.parametrize("name", ["llama", "mistral_window_8"])
 def test_a_decoder_step_attends_over_its_cache_unrepeated_with_the_same_outputs(name, frontend):
@@ -135,6 +136,7 @@ def test_a_decoder_step_attends_over_its_cache_unrepeated_with_the_same_outputs(
     assert assert_matches_eager(traced, graph_module, [step.case_inputs(sizes, seed=1) for sizes in _STEP_SIZES]) == 3
 
 
+@pytest.mark.artifact
 def test_the_grouped_step_runs_in_onnx_runtime_like_in_torch(tmp_path):
     step, graph_module = _traced_step("llama")
     assert GroupQueryAttention().apply(graph_module).changed == step.decoder.num_layers, "precondition: rewritten"

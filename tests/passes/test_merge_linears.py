@@ -274,7 +274,7 @@ def test_min_group_size_option_and_notes():
     assert "fewer than min_group_size" in result.notes[0]
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 @pytest.mark.parametrize("frontend", FRONTENDS)
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_bert_merges_query_key_value(frontend, attn_implementation):

@@ -29,6 +29,7 @@ def test_the_registry_holds_the_built_in_passes():
     assert "prepack_linear_weights" in names
 
 
+@pytest.mark.artifact
 def test_importing_aot_passes_registers_the_built_in_passes():
     code = "import aot.passes; from aot.passes import registry; print([p.name for p in registry.all_passes()])"
     listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -62,7 +62,7 @@ def test_training_mode_dropout_stays():
     assert count_calls(graph_module, *DROPOUTS) == 2 and all("training mode" in note for note in result.notes)
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_bert(frontend):
     model = tiny_bert("eager")

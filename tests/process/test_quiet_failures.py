@@ -85,6 +85,7 @@ def _described(result: subprocess.CompletedProcess) -> str:
     return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", list(FAILURES))
 def test_failure_is_one_line_on_stderr(tmp_path, name):
     failure = FAILURES[name]
@@ -96,6 +97,7 @@ def test_failure_is_one_line_on_stderr(tmp_path, name):
     assert not result.stdout, _described(result)
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", [name for name, failure in FAILURES.items() if failure.debug_shows])
 def test_debug_shows_what_torch_reported(tmp_path, name):
     failure = FAILURES[name]

@@ -48,6 +48,7 @@ def _gpt_neo():
     return transformers.GPTNeoModel(config).eval()
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize(("make", "seq_range"), [(_mobilebert, [3, 64]), (_gpt_neo, [2, 63])], ids=["mobilebert", "gpt_neo"])
 def test_models_excluding_an_end_of_the_default_range_export_and_match_eager(make, seq_range):
     model = make()
@@ -91,6 +92,7 @@ def test_a_range_torch_export_suggests_inside_a_default_one_is_taken_and_named()
     assert narrowed_default_range(derived, {"seq": [2, None]}, {}) is None, "a derived dim is no range"
 
 
+@pytest.mark.artifact
 def test_a_sliding_window_head_exports_on_the_range_its_code_holds_and_says_so():
     config = transformers.MistralConfig(vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
                                         num_key_value_heads=2, max_position_embeddings=64, sliding_window=7, attn_implementation="sdpa")

@@ -73,6 +73,7 @@ def test_the_graph_refuses_rows_with_other_eos_counts_as_eager_does():
         graph_module(**inputs)
 
 
+@pytest.mark.artifact
 def test_a_recipe_ends_each_row_with_eos_and_the_classifier_builds_on_fx(tmp_path):
     recipe = tmp_path / "bart_classifier.yaml"
     recipe.write_text(textwrap.dedent("""\

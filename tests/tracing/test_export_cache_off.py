@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 
@@ -10,6 +11,7 @@ from aot.tracing.outputs import flatten_outputs
 from tests.tracing.tracing_zoo import EXPORT_DIMS, unpadded_token_inputs
 
 
+@pytest.mark.artifact
 def test_a_decoder_whose_config_asks_for_a_cache_exports_and_matches_eager():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -29,6 +31,7 @@ def test_a_decoder_whose_config_asks_for_a_cache_exports_and_matches_eager():
         torch.testing.assert_close(got["last_hidden_state"], expected["last_hidden_state"])
 
 
+@pytest.mark.artifact
 def test_an_encoder_decoder_whose_decoder_stack_keeps_its_own_config_exports_and_matches_eager():
     torch.manual_seed(0)
     config = transformers.T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)

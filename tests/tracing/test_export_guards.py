@@ -65,6 +65,7 @@ def test_a_guard_with_anything_but_size_arithmetic_is_refused():
         check_guards_over_ranges(["__import__('os').getpid() > 0"], EXAMPLE, DIMS, {"batch": [1, 8], "sequence": [30, 400]})
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("cls", [transformers.Wav2Vec2Model, transformers.Wav2Vec2ForCTC, transformers.HubertModel])
 def test_audio_exports_with_default_ranges_and_matches_eager_at_sample_counts_off_the_stride(cls):
     model = _audio_model(cls)
@@ -90,6 +91,7 @@ def test_audio_exports_with_default_ranges_and_matches_eager_at_sample_counts_of
             torch.testing.assert_close(graph_module(**inputs)[next(iter(expected.keys()))], expected[0])
 
 
+@pytest.mark.artifact
 def test_a_wav2vec2_recipe_builds_on_the_export_frontend(tmp_path):
     recipe = tmp_path / "wav2vec2.yaml"
     recipe.write_text("""\

@@ -25,7 +25,7 @@ def dynamic_dims_for(name, example):
     return dims
 
 
-@pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", list(ZOO))
 def test_export_trace_matches_eager(name, attn):
@@ -61,6 +61,7 @@ def test_export_trace_uses_dim_names_and_ranges():
     assert report["dynamic_dims"]["input_ids"] == {"0": "batch", "1": "seq"}
 
 
+@pytest.mark.artifact
 def test_a_dual_encoder_takes_its_text_towers_position_limit_as_the_sequence_range():
     import transformers
 

@@ -14,7 +14,7 @@ from tests.tracing.tracing_zoo import ZOO, assert_matches_eager
 MODULE_LEAVES = (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv1d, Conv1D)
 
 
-@pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", list(ZOO))
 def test_fx_trace_matches_eager(name, attn):

@@ -98,6 +98,7 @@ def test_albert_inputs_embeds_have_its_embedding_size():
         torch.testing.assert_close(graph_module(inputs_embeds=embeds)["last_hidden_state"], model(inputs_embeds=embeds).last_hidden_state)
 
 
+@pytest.mark.artifact
 def test_a_dual_encoder_gets_images_beside_its_text():
     from aot.tracing.dummy_inputs import default_input_names
 
@@ -125,6 +126,7 @@ def test_raw_audio_is_long_enough_for_as_many_frames_as_tokens():
             assert model(**inputs).last_hidden_state.shape[1] == sequence  # not one frame, which specialises a trace
 
 
+@pytest.mark.artifact
 def test_speech2text_features_are_frames_by_features():
     config = transformers.Speech2TextConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
                                             decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, vocab_size=99,
@@ -138,6 +140,7 @@ def test_speech2text_features_are_frames_by_features():
         assert torch.allclose(gm(**given)["last_hidden_state"], model(**given).last_hidden_state, atol=1e-5)
 
 
+@pytest.mark.artifact
 def test_a_head_that_passes_kwargs_to_its_decoder_traces_without_a_cache():
     config = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, vocab_size=99, max_position_embeddings=64)
@@ -151,6 +154,7 @@ def test_a_head_that_passes_kwargs_to_its_decoder_traces_without_a_cache():
         assert torch.allclose(gm(**inputs)["start_logits"], model(**inputs).start_logits, atol=1e-5)
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("cls,config_class", [(transformers.BartForSequenceClassification, transformers.BartConfig),
                                               (transformers.MBartForSequenceClassification, transformers.MBartConfig)])
 def test_an_encoder_decoder_classifier_gets_one_eos_per_row_and_no_decoder_inputs_and_exports(cls, config_class):
@@ -175,6 +179,7 @@ def test_an_encoder_decoder_classifier_gets_one_eos_per_row_and_no_decoder_input
             torch.testing.assert_close(graph_module(**case)["logits"], model(**case).logits)
 
 
+@pytest.mark.artifact
 def test_lxmert_gets_region_features_and_boxes_beside_its_text_and_traces():
     from aot.tracing.dummy_inputs import default_input_names
 
@@ -212,6 +217,7 @@ def test_a_video_model_gets_one_clip_of_its_frames():
         torch.testing.assert_close(graph_module(**case)["logits"], model(**case).logits)
 
 
+@pytest.mark.artifact
 def test_the_video_base_model_traces_its_predictor_masks_of_data_dependent_size_on_fx():
     config = transformers.VJEPA2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, mlp_ratio=2, crop_size=32, patch_size=16,
                                        frames_per_clip=4, tubelet_size=2, pred_hidden_size=32, pred_num_hidden_layers=1,
@@ -245,6 +251,7 @@ def test_a_kv_cache_input_name_points_to_the_flat_cache_step():
         symbolic_trace(model, ["input_ids", name])
 
 
+@pytest.mark.artifact
 def test_a_decision_head_gets_its_marked_questions_and_traces_on_both_frontends():
     from transformers.models.jev.configuration_jev import JevConfig
     from transformers.models.jev.modeling_jev import JevForDecision

@@ -84,7 +84,7 @@ inputs:
 """
 
 
-@pytest.mark.slow
+@pytest.mark.artifact
 def test_a_classifier_with_a_relu_made_in_forward_builds_end_to_end(write_recipe, tmp_path):
     import json
 

@@ -56,6 +56,7 @@ def _routed_experts(model: torch.nn.Module, inputs: dict) -> set[int]:
     return set(routing.flatten().tolist()) if routing.dtype == torch.long else set(routing.topk(2, dim=-1).indices.flatten().tolist())
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", list(_CONFIGS))
 def test_fx_traces_the_experts_with_batched_mm_and_matches_eager_at_three_shapes(name):
     model = _moe(name)
@@ -73,6 +74,7 @@ def test_fx_traces_the_experts_with_batched_mm_and_matches_eager_at_three_shapes
     assert_matches_eager(model, graph_module, shapes, atol=1e-5)
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", list(_CONFIGS))
 def test_export_traces_the_experts_and_matches_eager_at_three_shapes(name):
     model = _moe(name)
@@ -84,6 +86,7 @@ def test_export_traces_the_experts_and_matches_eager_at_three_shapes(name):
     assert_matches_eager(model, graph_module, shapes, atol=1e-5)
 
 
+@pytest.mark.artifact
 def test_a_mixtral_recipe_builds_and_validates_both_artifacts(tmp_path):
     recipe = tmp_path / "mixtral.yaml"
     recipe.write_text(textwrap.dedent(f"""\

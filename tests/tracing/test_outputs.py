@@ -10,6 +10,7 @@ from aot.tracing.outputs import flatten_outputs, graph_output_names
 from tests.tracing.tracing_zoo import ZOO
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_names_read_from_the_nodes_are_those_of_a_run(name):
     model, input_names, shapes = ZOO[name]("eager")

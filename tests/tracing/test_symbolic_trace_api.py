@@ -29,6 +29,7 @@ def bert_gm(bert):
     return symbolic_trace(model, names)
 
 
+@pytest.mark.artifact
 def test_placeholders_are_the_input_names_and_gm_takes_keywords(bert, bert_gm):
     model, names, make_inputs = bert
     assert [n.target for n in bert_gm.graph.nodes if n.op == "placeholder"] == names
@@ -72,6 +73,7 @@ def test_trace_report(bert_gm):
     assert 0 < report["duration_s"] < 30
 
 
+@pytest.mark.artifact
 def test_default_input_names_and_seeded_dummy_inputs(bert):
     model, _, _ = bert
     first, second = symbolic_trace(model), symbolic_trace(model)
@@ -99,6 +101,7 @@ def test_missing_dummy_input_is_named(bert):
                                                          "attention_mask": torch.ones(2, 4, dtype=torch.long)})
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize(
     "spec",
     [
@@ -125,6 +128,7 @@ def test_unknown_leaf_module_path_is_an_error(bert):
         symbolic_trace(model, names, leaf_modules=["encoder.layers.0"])
 
 
+@pytest.mark.artifact
 def test_default_hf_leaves_conv1d_and_rmsnorm():
     gpt2, names, _ = ZOO["gpt2"]("sdpa")
     llama, llama_names, _ = ZOO["llama"]("sdpa")
@@ -134,6 +138,7 @@ def test_default_hf_leaves_conv1d_and_rmsnorm():
     assert "transformers.models.llama.modeling_llama.LlamaRMSNorm" in llama_leaves
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("as_string", [False, True])
 def test_autowrap_functions_become_single_nodes(as_string):
     from transformers.models.llama import modeling_llama

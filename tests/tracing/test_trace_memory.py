@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import gc
 import weakref
 
@@ -11,6 +12,7 @@ from aot.tracing import symbolic_trace
 from tests.export import models
 
 
+@pytest.mark.artifact
 def test_dropping_the_eager_model_frees_its_parameters():
     model = models.tiny_bert()
     weight = weakref.ref(model.encoder.layer[0].attention.self.query.weight)

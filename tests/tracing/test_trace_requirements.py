@@ -22,6 +22,7 @@ def _model_state(model):
     }
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", ["bert", "llama", "t5"])
 def test_eager_model_is_never_mutated(name):
     model, names, make_inputs = ZOO[name]("sdpa")
@@ -70,6 +71,7 @@ def test_attribute_left_holding_a_proxy_is_restored():
     assert sorted(gm.meta["trace_report"]["restored_attributes"]) == ["last", "seen (added during tracing)"]
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "mistral"])
 def test_no_hidden_specialisation(name, attn):
@@ -87,6 +89,7 @@ def test_decisions_on_traced_values_are_recorded():
     assert decision["value"] is False and decision["count"] == 2 and decision["file"].endswith("sdpa_attention.py")
 
 
+@pytest.mark.artifact
 @pytest.mark.parametrize("name", ["bert", "llama", "gpt2", "t5"])
 def test_dtype_is_not_baked(name):
     model, names, make_inputs = ZOO[name]("eager")

@@ -10,6 +10,8 @@ import transformers
 
 from tests.conftest import PRETRAINED
 
+pytestmark = pytest.mark.artifact
+
 
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory) -> tuple[Path, Path]:
