@@ -24,7 +24,8 @@ atexit.register(shutil.rmtree, os.environ["AOT_CACHE_DIR"], ignore_errors=True)
 # marked ``full``. --tier deselects the rest, apart from -m and -k, which still narrow what it keeps.
 TIERS = ("fast", "artifact", "full")
 # Each tier's default time limit in seconds (pyproject's ``timeout`` is the fast tier's); a test's own
-# @pytest.mark.timeout wins. A module's shared build is paid by the first test that asks for it, hence the room.
+# @pytest.mark.timeout wins, and so does a --timeout given to the run. A module's shared build is paid by the first
+# test that asks for it, hence the room.
 TIER_TIMEOUTS = {"artifact": 900, "full": 3600}
 # In no tier: runs only when -m names it (python -m pytest -m coverage_table).
 OPT_IN = "coverage_table"
@@ -52,14 +53,16 @@ def pytest_collection_modifyitems(config, items):
     opt_in = OPT_IN in (config.getoption("markexpr") or "")  # -m 'not coverage_table' deselects them itself
     kept, deselected = [], []
     counts = config.stash.setdefault(_TIER_COUNTS, dict.fromkeys((*TIERS, OPT_IN), 0))
+    # A limit given for this run (--timeout, PYTEST_TIMEOUT; 0: none, e.g. to debug) holds for every tier.
+    tier_timeouts = TIER_TIMEOUTS if config.getoption("timeout", None) is None and "PYTEST_TIMEOUT" not in os.environ else {}
     for item in items:
         tier, opted = tier_of(item), item.get_closest_marker(OPT_IN) is not None
         counts[OPT_IN if opted else tier] += 1
         if tier not in wanted or (opted and not opt_in):
             deselected.append(item)
             continue
-        if tier in TIER_TIMEOUTS and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(TIER_TIMEOUTS[tier]))
+        if tier in tier_timeouts and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(tier_timeouts[tier]))
         kept.append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)

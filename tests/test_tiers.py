@@ -89,3 +89,25 @@ def test_a_test_in_two_tiers_is_refused_at_collection(pytester):
     result = pytester.runpytest_inprocess("--tier", "full")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_both is marked artifact and full: a test belongs to one tier*"])
+
+
+def test_each_tier_gets_its_time_limit_unless_the_run_gives_one(pytester):
+    from tests.conftest import TIER_TIMEOUTS
+
+    pytester.makeconftest("from tests.conftest import pytest_addoption, pytest_collection_modifyitems")
+    pytester.makeini("[pytest]\nmarkers =\n    artifact: a\n    full: b\n    coverage_table: c\n")
+    pytester.makepyfile(
+        "import pytest\n\n"
+        "def test_fast(): pass\n\n"
+        "@pytest.mark.artifact\ndef test_artifact(): pass\n\n"
+        "@pytest.mark.full\ndef test_full(): pass\n\n"
+        "@pytest.mark.full\n@pytest.mark.timeout(7)\ndef test_own(): pass\n"
+    )
+    assert 300 < TIER_TIMEOUTS["artifact"] < TIER_TIMEOUTS["full"], "precondition: more room than the fast tier's 300 s"
+
+    def limits(*arguments):
+        items, _ = pytester.inline_genitems("--tier", "full", *arguments)
+        return {item.name: (marker.args[0] if (marker := item.get_closest_marker("timeout")) else None) for item in items}
+
+    assert limits() == {"test_fast": None, "test_artifact": TIER_TIMEOUTS["artifact"], "test_full": TIER_TIMEOUTS["full"], "test_own": 7}
+    assert limits("--timeout", "0") == {"test_fast": None, "test_artifact": None, "test_full": None, "test_own": 7}
