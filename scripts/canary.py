@@ -4,8 +4,8 @@
 
 It makes a venv outside the repository (default ``$TMPDIR/aot-canary-newest`` or ``-lowest``) with
 the newest releases of torch, transformers, onnx, onnxruntime, onnxscript and onnx-ir (or, with
-``--lowest``, the lowest of each that pyproject admits), installs aot into it, runs the fast
-suite (``-m 'not slow'``), builds every shipped recipe that this machine can build, and prints
+``--lowest``, the lowest of each that pyproject admits), installs aot into it, runs the
+artifact tier (``--tier artifact``; ``--full``: ``--tier full``), builds every shipped recipe that this machine can build, and prints
 a compatibility table (Markdown) to paste into docs/compatibility.md's canary section.
 
 A machine-wide pip cap on torch (``PIP_CONSTRAINT``) is lifted for the newest releases only.
