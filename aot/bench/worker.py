@@ -116,7 +116,8 @@ class RunnerHost:
         from aot.directory.open import recipe_of_build
 
         spec, build = self.spec, Path(self.spec.build)
-        plan = plan_build(recipe_of_build(build, json.loads((build / "manifest.json").read_text()), spec.recipe))
+        manifest = json.loads((build / "manifest.json").read_text())
+        plan = plan_build(recipe_of_build(build, manifest, spec.recipe))
         inputs_file = Path(spec.workdir) / INPUTS_FILE
         if plan.model.decoder_step:
             self.generates = True
@@ -143,7 +144,6 @@ class RunnerHost:
         if spec.runner == "onnx":
             return _onnx_runner(build / "model.onnx", spec, inputs), inputs
         if spec.runner in ARTIFACT_KINDS:  # any other kind, opened as users open it: its own open()
-            manifest = json.loads((build / "manifest.json").read_text())
             opened = artifact_kind(spec.runner).open(build, OpenOptions(manifest, lambda relative: None, threads=spec.threads))
             return opened, inputs
         runner = build_peer(spec.runner, model, inputs[0], dynamic_axes(plan.inputs, model), Path(spec.workdir), spec.threads,
