@@ -9,7 +9,11 @@ __version__ = "0.1.0"
 
 
 def load(directory, runtime: str = "onnx", **options):
-    """A verified build directory as a model that takes text: see :mod:`aot.run.built_model`."""
+    """A verified build directory as a model that takes text: see :mod:`aot.run.built_model`.
+
+    ``options``: ``expect_sha256=``, ``public_key=`` (and ``signature=``: a directory signed by ``aot sign``),
+    ``trust_code=``, ``threads=``.
+    """
     from aot.run import load as load_build
 
     return load_build(directory, runtime, **options)

@@ -160,9 +160,16 @@ _SET = click.option(
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str),
               help="Output directory: new, empty, or an earlier aot build (nothing else is ever replaced).")
 @_SET
+@click.option("--cache", "cache", metavar="URL",
+              help="Build cache: a directory or an fsspec URL (memory://, s3://bucket/path with the s3 extra). A build of "
+              "the same key is restored from it, proved against its manifest, instead of built; a new build is stored.")
+@click.option("--cache-option", "cache_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec option for --cache's filesystem (repeatable; the value is YAML), e.g. "
+              "--cache-option endpoint_url=http://127.0.0.1:9000 for s3://. AWS_ENDPOINT_URL and AWS_PROFILE apply too.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON on stdout.")
 @click.pass_context
-def build(context: click.Context, recipe: str, output: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
+def build(context: click.Context, recipe: str, output: str | None, overrides: tuple[str, ...], cache: str | None,
+          cache_options: tuple[str, ...], as_json: bool) -> None:
     """Build RECIPE: trace, run passes, validate, write artifacts and manifest.
 
     \b
@@ -176,19 +183,28 @@ def build(context: click.Context, recipe: str, output: str | None, overrides: tu
     (recipe.overrides); the build's recipe.yaml is the file, unchanged.
     """
 
+    if cache_options and cache is None:
+        raise click.BadParameter("needs --cache URL", param_hint="--cache-option")
+
     def run(progress: _StderrProgress) -> Any:
         from aot.recipe.load import load_recipe
 
         # Its schema is checked before torch is imported: a typo is reported at once.
         loaded = load_recipe(recipe, overrides=overrides)
+        if cache is not None:
+            from aot.builder.cached import build_with_cache
+            from aot.cache.store import storage_options
+
+            return build_with_cache(loaded, output, progress=progress, cache=cache, cache_options=storage_options(cache_options))
         from aot.builder.spine import build as run_build
 
         return run_build(loaded, output, progress=progress)
 
-    report = _with_progress(context.obj["debug"], run)
+    result = _with_progress(context.obj["debug"], run)
+    report = result.report if cache is not None else result  # None: a cache hit, nothing was built
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
+        click.echo(json.dumps(result.report_json if cache is not None else report.to_json(), indent=2))
+    elif report is not None:
         worst = max((c.to_json()["max_abs"] for c in report.validation), default=0.0)
         shapes = len({c.shape for c in report.validation})
         changed = sum(1 for p in report.passes if p.modified)
@@ -199,6 +215,90 @@ def build(context: click.Context, recipe: str, output: str | None, overrides: tu
             f"{_gate_summary(report.accuracy)}); "
             f"manifest sha256 {report.manifest_sha256}"
         )
+    if cache is not None and not as_json and _cache_line(result):
+        click.echo(_cache_line(result))
+
+
+def _cache_line(result: Any) -> str | None:
+    """What the build cache did, in one line; None when it could not be used (a warning on stderr said why)."""
+    outcome = result.cache
+    if outcome.hit:
+        return (f"cache hit {outcome.key[:12]}…: restored {outcome.files} files to {result.output}; "
+                f"manifest sha256 {result.manifest_sha256}")
+    if not outcome.available:
+        return None
+    return f"cache miss {outcome.key[:12]}…; " + (f"stored {outcome.files} files in {outcome.url}" if outcome.stored else "not stored")
+
+
+_CACHE_OPTION = click.option("--cache-option", "cache_options", multiple=True, metavar="KEY=VALUE",
+                             help="An fsspec option for URL's filesystem, as aot build --cache-option takes it.")
+
+
+@main.group(name="cache")
+def cache_group() -> None:
+    """The build cache (aot build --cache URL): list its entries, prune them. URL: a directory or an fsspec URL."""
+
+
+def _with_cache_store(debug: bool, url: str, cache_options: tuple[str, ...], action: Callable[[Any], Any]) -> Any:
+    """``action(store)``; a store that cannot be opened or read is exit 2, one line naming URL."""
+
+    def run() -> Any:
+        from aot.cache.errors import CacheUnavailable
+        from aot.cache.store import CacheStore, storage_options
+        from aot.errors import RecipeError
+
+        try:
+            return action(CacheStore.open(url, storage_options(cache_options)))
+        except CacheUnavailable as error:
+            raise RecipeError(str(error)) from None
+
+    return _run(debug, run)
+
+
+@cache_group.command(name="ls")
+@click.argument("url")
+@_CACHE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON on stdout.")
+@click.pass_context
+def cache_ls(context: click.Context, url: str, cache_options: tuple[str, ...], as_json: bool) -> None:
+    """List the entries of the build cache at URL, newest first: key, date, size, files, recipe name."""
+    from aot.cache.listing import list_entries
+
+    listed = _with_cache_store(context.obj["debug"], url, cache_options, list_entries)
+    if as_json:
+        click.echo(json.dumps([item.to_json() for item in listed], indent=2))
+        return
+    for item in listed:
+        described = f"{_plural(len(item.entry.files), 'file')}  {item.name}" if item.entry else f"unreadable: {item.problem}"
+        click.echo(f"{item.key[:16]}  {item.created:%Y-%m-%d %H:%M}  {item.bytes / 2**20:9.1f} MiB  {described}")
+    if not listed:
+        click.echo(f"no entries in {url}")
+
+
+@cache_group.command(name="prune")
+@click.argument("url")
+@click.option("--older-than", type=click.FloatRange(min=0), metavar="DAYS", help="Remove the entries older than DAYS.")
+@click.option("--keep", type=click.IntRange(min=0), metavar="N", help="Keep only the N newest entries.")
+@click.option("--blob-grace", type=click.FloatRange(min=0), default=60, show_default=True, metavar="MINUTES",
+              help="Keep a blob no entry names while it is younger than this: a build may be storing it now.")
+@_CACHE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON on stdout.")
+@click.pass_context
+def cache_prune(context: click.Context, url: str, older_than: float | None, keep: int | None, blob_grace: float,
+                cache_options: tuple[str, ...], as_json: bool) -> None:
+    """Remove entries of the build cache at URL (unreadable ones always), then the blobs no remaining entry names."""
+    from datetime import timedelta
+
+    from aot.cache.prune import prune
+
+    report = _with_cache_store(context.obj["debug"], url, cache_options, lambda store: prune(
+        store, None if older_than is None else timedelta(days=older_than), keep, timedelta(minutes=blob_grace)))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        removed = len(report.entries_removed)
+        click.echo(f"removed {removed} {'entry' if removed == 1 else 'entries'} ({report.entries_kept} kept) and "
+                   f"{_plural(report.blobs_removed, 'blob')} ({report.blobs_kept} kept) from {url}")
 
 
 @main.command()
@@ -230,21 +330,54 @@ _TRUST_CODE = click.option(
 )
 
 
+_PUBLIC_KEY = click.option(
+    "--public-key", type=click.Path(dir_okay=False, path_type=str), metavar="PUB.pem",
+    help="Run the directory only if its OpenSSF model signature (aot sign) verifies with this key over every file; "
+    "the manifest's sha256 it signs then serves as --expect-sha256 (and as consent to run its code).",
+)
+
+
+_SIGNATURE = click.option(
+    "--signature", type=click.Path(dir_okay=False, path_type=str), metavar="SIG",
+    help="The signature --public-key checks (default: DIR.sig beside DIR, else DIR/model.sig).",
+)
+
+
+def _require_public_key(public_key: str | None, signature: str | None) -> None:
+    if signature is not None and public_key is None:
+        from aot.errors import RecipeError
+
+        raise RecipeError("--signature needs --public-key: the key to check it with")
+
+
+def _signed_expectation(directory: str, public_key: str | None, signature: str | None, expect_sha256: str | None) -> str | None:
+    """--public-key: the manifest sha256 the directory's verified signature signs, to stand for --expect-sha256."""
+    _require_public_key(public_key, signature)
+    if public_key is None:
+        return expect_sha256
+    from aot.directory.signed import signed_manifest_sha256
+
+    return signed_manifest_sha256(directory, public_key, signature, expect_sha256)
+
+
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.option("--recipe", type=click.Path(dir_okay=False, path_type=str), help="Recipe to rebuild the eager model from.")
 @_EXPECT_SHA256
 @_TRUST_CODE
+@_PUBLIC_KEY
+@_SIGNATURE
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
 def validate(context: click.Context, directory: str, recipe: str | None, expect_sha256: str | None, trust_code: bool,
-             as_json: bool) -> None:
+             public_key: str | None, signature: str | None, as_json: bool) -> None:
     """Re-check a build directory: every file against the manifest first, then numerics against the eager model."""
 
     def run(progress: _StderrProgress) -> Any:
         from aot.validate.directory import validate_directory
 
-        return validate_directory(directory, recipe, expect_sha256, progress=progress, trust_code=trust_code)
+        expected = _signed_expectation(directory, public_key, signature, expect_sha256)
+        return validate_directory(directory, recipe, expected, progress=progress, trust_code=trust_code)
 
     report = _with_progress(context.obj["debug"], run)
     if as_json:
@@ -284,10 +417,12 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
               help="Recipe to rebuild the eager model from (default: the one the manifest names, else the build's copy).")
 @_EXPECT_SHA256
 @_TRUST_CODE
+@_PUBLIC_KEY
+@_SIGNATURE
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_context
 def bench_command(context, target, output, shapes, runs, warmup, threads, no_memory, chart, peers, gap_ms, in_process, new_tokens,
-                  recipe, expect_sha256, trust_code, as_json) -> None:
+                  recipe, expect_sha256, trust_code, public_key, signature, as_json) -> None:
     """Time eager and every artifact the build wrote (the saved GraphModule, ONNX Runtime, a compiled package), each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
@@ -304,11 +439,16 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
 
         directory = target
         if Path(target).is_file():
+            if public_key is not None:
+                from aot.errors import RecipeError
+
+                raise RecipeError(f"--public-key checks a build directory's signature; {target} is a recipe")
             from aot.builder.spine import build as run_build
 
             directory = run_build(target, output, progress=progress).output
+        expected = _signed_expectation(directory, public_key, signature, expect_sha256)
         report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
-                       tick=progress.tick, progress=progress, expect_sha256=expect_sha256,
+                       tick=progress.tick, progress=progress, expect_sha256=expected,
                        mode="in-process" if in_process else "processes", gap_ms=gap_ms, new_tokens=new_tokens,
                        trust_code=trust_code, recipe=recipe)
         if chart:
@@ -384,14 +524,16 @@ def _print_bench(report) -> None:
 @click.option("--pooling", type=click.Choice(["mean", "cls", "none"]), help="An encoder's pooling (default: the recipe's, else mean).")
 @click.option("--similarity", is_flag=True, help="An encoder: the cosine similarity of every pair of texts.")
 @click.option("--top", default=3, show_default=True, help="A classifier: labels shown per text.")
-@click.option("--max-new-tokens", default=32, show_default=True, help="A decoder: tokens generated per prompt (greedy; stops at eos).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="A decoder: tokens generated per prompt (greedy; stops at eos).")
 @click.option("--threads", type=int, help="ONNX Runtime's intra-op threads (default: its own).")
 @_EXPECT_SHA256
 @_TRUST_CODE
+@_PUBLIC_KEY
+@_SIGNATURE
 @click.option("--json", "as_json", is_flag=True, help="Print the answers as JSON on stdout.")
 @click.pass_context
 def run_command(context, directory, texts, runtime, file, field, ids, pooling, similarity, top, max_new_tokens, threads,
-                expect_sha256, trust_code, as_json) -> None:
+                expect_sha256, trust_code, public_key, signature, as_json) -> None:
     """Run a build directory's artifact on real input: an encoder's embeddings or similarities, a classifier's
     labels, a decoder's generated text, a vision classifier's labels for image files (TEXT is a path). Files are
     checked against the manifest first."""
@@ -402,7 +544,9 @@ def run_command(context, directory, texts, runtime, file, field, ids, pooling, s
 
         inputs = texts_from(texts, file, field, sys.stdin, ids)
         token_ids = parse_ids(ids) if ids else None
-        model = load(directory, runtime, expect_sha256=expect_sha256, trust_code=trust_code, threads=threads)
+        _require_public_key(public_key, signature)
+        model = load(directory, runtime, expect_sha256=expect_sha256, trust_code=trust_code, threads=threads,
+                     public_key=public_key, signature=signature)
         with _BatchBar(len(token_ids or inputs)) as bar:
             return answer(model, inputs, similarity=similarity, pooling=pooling, top=top, max_new_tokens=max_new_tokens,
                           on_batch=bar.update, token_ids=token_ids)
@@ -450,9 +594,8 @@ def _answers_text(result: dict[str, Any]) -> str:
             return f"similarity: {matrix[0][1]:.4f}"
         header = "      " + "".join(f"{j + 1:>8}" for j in range(len(matrix)))
         return "\n".join([header] + [f"{i + 1:>6}" + "".join(f"{value:8.4f}" for value in row) for i, row in enumerate(matrix)])
-    if result["task"] == "decoder":
-        # A byte-level BPE's continuation keeps its leading space (" Paris"); a WordPiece one has none ("paris").
-        return "\n".join(item["prompt"] + ("" if item["generated"][:1].isspace() else " ") + item["generated"] for item in items)
+    if result["task"] == "decoder":  # each continuation carries its own leading space, or none (aot.run.built_model)
+        return "\n".join(item["prompt"] + item["generated"] for item in items)
     if result["task"] in ("classifier", "vision"):
         return "\n".join(f"{_example(item)}: " + ", ".join(f"{l['label']} {l['score']:.3f}" for l in item["labels"]) for item in items)
     lines = []
@@ -461,6 +604,85 @@ def _answers_text(result: dict[str, Any]) -> str:
         head = ", ".join(f"{value:.4f}" for value in vector[:4])
         lines.append(f"{_example(item)}: [{head}, ...] ({len(vector)} dims, {result['pooling']} pooling)")
     return "\n".join(lines)
+
+
+@main.command(name="sign")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("--key", required=True, type=click.Path(dir_okay=False, path_type=str), metavar="PRIVATE.pem",
+              help="The private key (PEM, elliptic-curve: P-256, P-384 or P-521), e.g. from the job's secret store.")
+@click.option("--password", envvar="AOT_SIGNING_KEY_PASSWORD", show_envvar=True,
+              help="The encrypted key's password; better through the variable, which no process listing shows.")
+@click.option("--signature", type=click.Path(dir_okay=False, path_type=str), metavar="SIG",
+              help="Where the signature goes (default: DIR.sig beside DIR; inside DIR only as DIR/model.sig).")
+@click.option("--certificate", type=click.Path(dir_okay=False, path_type=str), metavar="LEAF.pem",
+              help="Sign as this certificate's subject: the certificate (PEM) of --key, carried in the signature with --chain.")
+@click.option("--chain", multiple=True, type=click.Path(dir_okay=False, path_type=str), metavar="CHAIN.pem",
+              help="The certificates from --certificate up to the root, PEM (repeatable; with --certificate, at least one: "
+              "the root itself where it issued the certificate).")
+@click.option("--provenance", type=click.Path(dir_okay=False, path_type=str), metavar="PROV",
+              help="Also write SLSA v1 provenance there: a DSSE envelope signed with --key (inside DIR only as "
+              "DIR/provenance.intoto.jsonl).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was signed as JSON on stdout.")
+@click.pass_context
+def sign_command(context, directory, key, password, signature, certificate, chain, provenance, as_json) -> None:
+    """Sign a build directory: an OpenSSF model signature over every file, offline (model-signing), after checking
+    the files against the manifest; --provenance adds SLSA provenance. Exit 2: a bad key or path; 7: the directory
+    no longer matches its manifest. Nothing is written unless everything is (docs/release.md)."""
+
+    def run() -> Any:
+        from aot.errors import RecipeError
+
+        if chain and certificate is None:
+            raise RecipeError("--chain needs --certificate: the chain certifies the signing certificate")
+        from aot.directory.signed import sign_build
+
+        return sign_build(directory, key, signature=signature, password=password, certificate=certificate,
+                          chain=chain, provenance=provenance)
+
+    report = _run(context.obj["debug"], run)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return
+    click.echo(f"signed {report.files_signed} files of {report.directory} -> {report.signature} ({report.signer}; "
+               f"manifest sha256 {report.manifest_sha256}, model digest {report.model_digest})")
+    if report.provenance is not None:
+        click.echo(f"provenance -> {report.provenance}")
+
+
+@main.command(name="verify")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("--public-key", type=click.Path(dir_okay=False, path_type=str), metavar="PUB.pem",
+              help="The public key the signature must verify with (PEM).")
+@click.option("--certificate-chain", multiple=True, type=click.Path(dir_okay=False, path_type=str), metavar="ROOT.pem",
+              help="Instead of --public-key: the root (and intermediate) certificates the signing certificate must chain to (repeatable).")
+@click.option("--signature", type=click.Path(dir_okay=False, path_type=str), metavar="SIG",
+              help="The signature (default: DIR.sig beside DIR, else DIR/model.sig).")
+@click.option("--provenance", type=click.Path(dir_okay=False, path_type=str), metavar="PROV",
+              help="Also check this provenance: its envelope's signature, and that it names this manifest's sha256.")
+@_EXPECT_SHA256
+@click.option("--json", "as_json", is_flag=True, help="Print what was verified as JSON on stdout.")
+@click.pass_context
+def verify_command(context, directory, public_key, certificate_chain, signature, provenance, expect_sha256, as_json) -> None:
+    """Verify a build directory: its signature over every file (model-signing's verifier), every file against the
+    manifest it signs, and --provenance. Exit 0, or 7 naming the file or key at fault (2: bad usage or key)."""
+
+    def run() -> Any:
+        from aot.directory.signed import verify_build
+
+        return verify_build(directory, signature=signature, public_key=public_key, certificate_chain=certificate_chain,
+                            provenance=provenance, expect_sha256=expect_sha256)
+
+    report = _run(context.obj["debug"], run)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return
+    click.echo(f"ok: {report.signature} verifies ({report.signer}) over {report.files_signed} files; "
+               f"{report.files_checked} files match {report.directory}/manifest.json (sha256 {report.manifest_sha256})")
+    if report.provenance is not None:
+        summary = report.provenance_summary
+        click.echo(f"ok: {report.provenance} names that manifest; built by {summary.builder} ({summary.build_type}), "
+                   f"{summary.dependencies} dependencies ({summary.packages} PyPI packages), "
+                   f"{summary.started_on} to {summary.finished_on}")
 
 
 @main.command(name="passes")

@@ -238,14 +238,3 @@ def test_token_ids_run_a_build_that_ships_no_tokenizer(tiny_build):
                                (("hello", "--ids", "2"), "either --ids or texts")):
         result = run_aot("run", tiny_build, *arguments)
         assert result.returncode == 2 and message in result.stderr, result.stderr
-
-
-def test_a_decoders_answer_joins_prompt_and_continuation_with_one_space():
-    """A byte-level BPE's continuation starts with its space, a WordPiece one's does not: one space either way."""
-    from aot.cli import _answers_text
-
-    def text(generated):
-        return _answers_text({"task": "decoder", "items": [{"prompt": "The capital of France is", "generated": generated}]})
-
-    assert text(" Paris.") == "The capital of France is Paris."
-    assert text("paris.") == "The capital of France is paris."

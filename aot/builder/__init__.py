@@ -5,13 +5,15 @@
 - :mod:`~aot.builder.schedule`: what overlaps, what is forked, when memory is freed;
 - :mod:`~aot.builder.stages`: timed, reported stages; :mod:`~aot.builder.onnx_stage`: the export beside the rest;
 - :mod:`~aot.builder.capture`, :mod:`~aot.builder.pipeline`: the trace and the pass pipeline;
-- :mod:`~aot.builder.checks`, :mod:`~aot.builder.bisect`: the graph and each artifact against eager, and the pass at fault.
+- :mod:`~aot.builder.checks`, :mod:`~aot.builder.bisect`: the graph and each artifact against eager, and the pass at fault;
+- :mod:`~aot.builder.cached`: :func:`build_with_cache`, a build restored from or stored in :mod:`aot.cache`.
 
 The build directory itself (staging, manifest, integrity, consent) is :mod:`aot.directory`, a layer below.
 ``from aot.builder import build`` imports the spine (torch) only when it is asked for.
 """
 
 _SPINE_NAMES = ("build", "BuildReport", "default_output")
+_CACHED_NAMES = ("build_with_cache", "CachedBuild", "CacheOutcome")
 
 
 def __getattr__(name: str):
@@ -19,4 +21,8 @@ def __getattr__(name: str):
         from aot.builder import spine
 
         return getattr(spine, name)
+    if name in _CACHED_NAMES:
+        from aot.builder import cached
+
+        return getattr(cached, name)
     raise AttributeError(f"module 'aot.builder' has no attribute '{name}'")

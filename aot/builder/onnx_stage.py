@@ -46,6 +46,7 @@ class OnnxStage:
 
     def __init__(self, options: OnnxSpec, step: ForkedStep | None):
         self.options, self._step = options, step
+        self.lowering: list[dict[str, Any]] = []  # what the ONNX unit's lowering passes did, once finished (onnx_lowering)
 
     @classmethod
     def start(
@@ -104,11 +105,15 @@ class OnnxStage:
             torch.set_num_threads(previous)
 
     def finish(self, path: Path, model: ModelSpec, stage: Callable[[str], AbstractContextManager[None]] = lambda _: nullcontext()) -> dict[str, int]:
-        """Wait for the export (stage ``export_onnx``) and run the file-level optimiser; the fusion counts."""
+        """Wait for the export (stage ``export_onnx``) and run the file-level optimiser; the fusion counts.
+        :attr:`lowering` then says what the lowering passes did."""
         if self._step is None:
             return {}
+        step, self._step = self._step, None  # in process, its function holds the graph: that goes with the export
         with stage("export_onnx"):  # the wait for the child, beyond the stages that ran beside it
-            fusions = self._step.result().fusions
+            exported = step.result()
+        del step
+        fusions, self.lowering = exported.fusions, exported.lowering
         if optimizes_after_writing(self.options):
             from aot import export
 

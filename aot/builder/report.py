@@ -26,6 +26,7 @@ class BuildReport:
     memory: dict[str, float] = field(default_factory=dict)
     peak_rss_by_stage: dict[str, float] = field(default_factory=dict)
     onnx_fusions: dict[str, int] = field(default_factory=dict)
+    onnx_lowering: list[dict[str, Any]] = field(default_factory=list)  # what the ONNX unit's lowering passes did, in order
     generation: list[GenerationCheck] = field(default_factory=list)
     deployment: Deployment | None = None
     written: dict[str, Any] = field(default_factory=dict)  # {artifact kind: what its writer returned}
@@ -43,6 +44,7 @@ class BuildReport:
             "stages_s": self.stages,
             "passes": [p.to_json() for p in self.passes],
             "onnx_fusions": self.onnx_fusions,
+            "onnx_lowering": self.onnx_lowering,
             "validation": [c.to_json() for c in self.validation],
             "accuracy": [a.to_json() for a in self.accuracy],
             "generation": [g.to_json() for g in self.generation],

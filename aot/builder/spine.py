@@ -23,11 +23,20 @@ from aot.export.kinds import enabled_kinds, in_check_order
 from aot.process.memory import MemoryWatch
 from aot.recipe.load import LoadedRecipe, load_recipe
 from aot.recipe.plan import BuildPlan, plan_build
-from aot.gates.compare import raise_on_failure
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BuildReport", "build", "default_output"]
+
+
+SPINE = (
+    steps.load, steps.make_inputs, steps.trace, steps.take_eager_reference, steps.transform, steps.check_graph,
+    steps.write_recipe, steps.write_deployment, steps.start_onnx_export, steps.prepare_graph_module,
+    steps.graph_module_passes, steps.write_artifact, steps.finish_onnx_export, steps.artifact_checks,
+    steps.check_artifact_files, steps.check_generation, steps.raise_on_failed_checks, steps.write_build_manifest,
+)
+"""The steps in the order :func:`_build` runs them (a step run once per artifact kind counts once): the schedule
+decides from what each declares it reads and writes, and stops a build that runs them in another order."""
 
 
 def default_output(plan: BuildPlan) -> Path:
@@ -48,7 +57,7 @@ def build(
     try:
         with staged_directory(target) as staging:
             work = steps.Work(staging)
-            with BuildSchedule(plan, work, report, progress, memory, started) as schedule:
+            with BuildSchedule(plan, work, report, progress, memory, started, spine=SPINE) as schedule:
                 _build(plan, work, report, schedule)
     finally:
         memory.stop()
@@ -56,12 +65,12 @@ def build(
 
 
 def _build(plan: BuildPlan, work: steps.Work, report: BuildReport, schedule: BuildSchedule) -> None:
-    """The spine: each stage, the section of the plan it takes, and what it makes.
+    """The spine: each stage, the section of the plan it takes, and what it makes, in the order of :data:`SPINE`.
 
-    Stages run in this order, except where :mod:`aot.builder.schedule` says otherwise: it runs the eager
-    reference and the graph's validation beside the ONNX export, imports the export stack while the
-    weights load, hashes files beside the work that waits on other code, and frees what no later
-    stage takes.
+    Stages run in this order, except where :mod:`aot.builder.schedule` says otherwise, from what each stage
+    declares it reads and writes: it runs the stages that run a model and that the ONNX export does not wait
+    on (the eager reference, the graph's validation) beside the export, imports the export stack while the
+    weights load, hashes files beside the work that waits on other code, and frees what no later stage reads.
     """
     run = schedule.run
     run("load_model", steps.load, plan.model, work, report, schedule.while_weights_load)
@@ -70,12 +79,12 @@ def _build(plan: BuildPlan, work: steps.Work, report: BuildReport, schedule: Bui
     run("eager_outputs", steps.take_eager_reference, plan.validation, work)
     run("passes", steps.transform, plan.passes, work, report)
     run("validate_graph", steps.check_graph, plan.validation, work, report)
-    steps.write_recipe(plan, work)
+    schedule.run_untimed(steps.write_recipe, plan, work)
     run("deployment_files", steps.write_deployment, plan.deployment, work, report)
 
     schedule.start_onnx_export()
     export = plan.export
-    steps.prepare_graph_module(export, work)
+    schedule.run_untimed(steps.prepare_graph_module, export, work)
     run("graph_module_passes", steps.graph_module_passes, export, work, report,
         when=export.graph_module.enabled and bool(export.graph_module_passes))
     kinds = enabled_kinds(export)
@@ -84,14 +93,14 @@ def _build(plan: BuildPlan, work: steps.Work, report: BuildReport, schedule: Bui
             run(f"export_{kind.name}", steps.write_artifact, kind, work, report)
     schedule.finish_onnx_export()
 
-    checks = steps.artifact_checks(plan.validation, work)
+    schedule.run_untimed(steps.artifact_checks, plan.validation, work)
     # Code runs as hashed: what the manifest lists is what was validated.
     for kind in in_check_order():
         if kind.written_beside:  # its check overlaps the hashing of what it wrote (and of the rest)
-            schedule.run_hashing_beside(f"validate_{kind.name}", steps.check_artifact_files, checks, kind, report)
+            schedule.run_hashing_beside(f"validate_{kind.name}", steps.check_artifact_files, work, kind, report)
         elif kind in kinds:
-            run(f"validate_{kind.name}", steps.check_artifact_files, checks, kind, report)
+            run(f"validate_{kind.name}", steps.check_artifact_files, work, kind, report)
     run("validate_generation", steps.check_generation, work, report, when=plan.validation.generation is not None)
-    raise_on_failure(report.validation, report.accuracy + report.generation)
+    schedule.run_untimed(steps.raise_on_failed_checks, report)
     schedule.last(steps.write_build_manifest, plan, work, report)
     remember_build(report.manifest_sha256)  # this machine built it: its code may run here later (aot.directory.consent)

@@ -1,18 +1,22 @@
 """The build's stages, each a function of its section of the plan and of what earlier stages made.
 
 Each stage reads what it needs from :class:`Work` and writes what it makes there, or into the
-:class:`~aot.builder.report.BuildReport`. None decides when it runs, what runs beside it, or when
-memory is freed: :class:`aot.builder.schedule.BuildSchedule` does.
+:class:`~aot.builder.report.BuildReport`, and declares both (:func:`declares`, in terms of :class:`Data`). None
+decides when it runs, what runs beside it, or when memory is freed: :class:`aot.builder.schedule.BuildSchedule`
+does, from those declarations alone. What a stage adds to the report is its own record, which only the manifest
+reads, at the end: declarations name what the stages hand each other.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -27,14 +31,55 @@ from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, o
 from aot.models import load_model, load_tokenizer
 from aot.passes.base import CALIBRATION_KEY
 from aot.recipe.plan import BuildPlan, CalibrationPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
+from aot.recipe.schema import OnnxSpec
 from aot.gates.accuracy import make_gate
 from aot.builder.checks import ArtifactChecks, generation_reference, saved_graph_module_opener, validate_graph
+from aot.builder.onnx_stage import OnnxStage
 from aot.export.kinds import ArtifactKind, WriteContext, artifact_kinds
-from aot.gates.compare import eager_outputs, eager_runner, untimed_stage
+from aot.gates.compare import eager_outputs, eager_runner, raise_on_failure, untimed_stage
 from aot.gates.eager_guard import check_after_each_pass
 from aot.weights_dtype import widen_leftover_linears
 
 log = logging.getLogger(__name__)
+
+
+class Data(enum.Enum):
+    """What the stages hand each other (:class:`Work`'s fields, the staged files), as they declare it."""
+
+    MODEL_WEIGHTS = "the eager model's weights"
+    MODEL_STRUCTURE = "the eager model's modules and config: what still serves once its weights are on the meta device"
+    INPUTS = "the shape cases, the dims kept dynamic and their ranges, the ONNX input names"
+    GRAPH = "the traced graph, with its weights: clones of the eager model's, then what the passes made"
+    GRAPH_DERIVED = "what the graph's layers derive when it runs (a weight-only layer's int8 codes): a cache"
+    KIND_GRAPHS = "the graphs lowered for one artifact kind alone (export.<kind>.passes)"
+    REFERENCE = "eager's outputs at every shape case, the gate's reference, a decoder's generations"
+    GRAPH_CHECK = "the graph's outputs held to the reference"
+    ONNX_EXPORT = "the ONNX export under way: a forked child, or prepared to run in process"
+    FILES = "the files written into the staging directory"
+    FILE_CHECKERS = "the artifacts' checks, holding the reference"
+    FILE_CHECKS = "the artifacts' outputs held to the reference"
+
+
+WEIGHTS = frozenset({Data.MODEL_WEIGHTS, Data.GRAPH})
+"""A stage that reads one of these runs a model."""
+CACHES = frozenset({Data.GRAPH_DERIVED})
+"""What nothing reads: made by running the graph, rebuilt when it runs again."""
+
+Step = TypeVar("Step", bound=Callable[..., Any])
+
+
+def declares(*, reads: Iterable[Data] = (), writes: Iterable[Data] = ()) -> Callable[[Step], Step]:
+    """Store on a step what it reads and what it writes (``step.reads``, ``step.writes``: frozensets of :class:`Data`)."""
+    reads, writes = frozenset(reads), frozenset(writes)
+    unknown = {item for item in reads | writes if not isinstance(item, Data)}
+    if unknown:
+        raise TypeError(f"a step declares what it reads and writes as Data, not {sorted(map(repr, unknown))}")
+
+    def declare(step: Step) -> Step:
+        step.reads, step.writes = reads, writes
+        return step
+
+    return declare
 
 
 @dataclass
@@ -59,15 +104,19 @@ class Work:
     graph: torch.fx.GraphModule | None = None
     kind_graphs: dict[str, torch.fx.GraphModule] = field(default_factory=dict)  # lowered for one kind (export.<kind>.passes)
     reference: EagerReference | None = None
+    onnx_export: OnnxStage | None = None  # the export under way, from its start to its finish
+    checks: ArtifactChecks | None = None
     hashed: dict[str, Any] = field(default_factory=dict)  # files hashed while the ONNX export ran
 
 
+@declares(writes={Data.MODEL_WEIGHTS, Data.MODEL_STRUCTURE})
 def load(plan: ModelPlan, work: Work, report: BuildReport, while_weights_load: AbstractContextManager[Any]) -> None:
     work.model = load_model(plan, while_weights_load=while_weights_load)
     check_input_names(plan, work.model)
     report.memory["weights_mib"] = round(_tensor_bytes(work.model) / 2**20, 1)
 
 
+@declares(reads={Data.MODEL_STRUCTURE}, writes={Data.INPUTS})
 def make_inputs(plan: InputsPlan, work: Work) -> None:
     """The example inputs at every shape case, and the dims the artifacts keep dynamic."""
     work.cases = shape_cases(plan, work.model)
@@ -75,11 +124,13 @@ def make_inputs(plan: InputsPlan, work: Work) -> None:
     work.onnx_names = onnx_input_names(plan, work.model)
 
 
+@declares(reads={Data.MODEL_WEIGHTS, Data.MODEL_STRUCTURE, Data.INPUTS}, writes={Data.GRAPH})
 def trace(plan: TracePlan, work: Work, report: BuildReport) -> None:
     work.graph = capture(plan, work.model, work.cases[0].inputs, work.axes, work.ranges)
     report.trace = work.graph.meta.get("trace_report", {})
 
 
+@declares(reads={Data.MODEL_WEIGHTS, Data.MODEL_STRUCTURE, Data.INPUTS}, writes={Data.REFERENCE})
 def take_eager_reference(plan: ValidationPlan, work: Work) -> None:
     """Eager's outputs at every shape case, the gate's reference, and a decoder's generations."""
     model = work.model
@@ -90,6 +141,8 @@ def take_eager_reference(plan: ValidationPlan, work: Work) -> None:
     )
 
 
+# The eager guard reads which tensors the model holds, not what they hold: it serves on the meta device too.
+@declares(reads={Data.GRAPH, Data.MODEL_STRUCTURE}, writes={Data.GRAPH})
 def transform(plan: PassesPlan, work: Work, report: BuildReport) -> None:
     """The recipe's passes, each checked to leave the eager model as it was (its outputs may be taken after them)."""
     unchanged_eager_model = check_after_each_pass(work.model, list(plan.passes))
@@ -118,19 +171,31 @@ def _calibration_inputs(plan: CalibrationPlan, step: torch.nn.Module) -> list[di
     return made
 
 
+@declares(reads={Data.GRAPH, Data.INPUTS, Data.REFERENCE}, writes={Data.GRAPH_CHECK, Data.GRAPH_DERIVED})
 def check_graph(plan: ValidationPlan, work: Work, report: BuildReport) -> None:
     reference = work.reference
     report.validation, report.accuracy = validate_graph(plan, work.graph, work.cases, reference.expected, reference.gate)
 
 
+@declares(writes={Data.FILES})
 def write_recipe(plan: BuildPlan, work: Work) -> None:
     _write(lambda path, text: path.write_text(text, encoding="utf-8"), work.staging / "recipe.yaml", plan.recipe.text)
 
 
+@declares(reads={Data.MODEL_STRUCTURE}, writes={Data.FILES})
 def write_deployment(plan: DeploymentPlan, work: Work, report: BuildReport) -> None:
     report.deployment = write_deployment_files(plan, work.model, work.staging)
 
 
+# The child drops its own view of the eager model's weights: it needs the model, not what its weights hold.
+@declares(reads={Data.GRAPH, Data.MODEL_STRUCTURE, Data.INPUTS}, writes={Data.ONNX_EXPORT})
+def start_onnx_export(plan: OnnxSpec, work: Work, on_child: Callable[[int], None]) -> None:
+    """Start writing ``model.onnx`` from the graph as the passes left it (:mod:`aot.builder.onnx_stage`)."""
+    work.onnx_export = OnnxStage.start(plan, work.graph, work.model, work.cases, work.staging / "model.onnx", work.axes,
+                                       work.ranges, on_child=on_child, input_names=work.onnx_names)
+
+
+@declares(reads={Data.GRAPH, Data.INPUTS, Data.REFERENCE}, writes={Data.GRAPH})
 def prepare_graph_module(plan: ExportPlan, work: Work) -> None:
     """What ``module.py`` carries beside the graph: a decoder's ``generate()``, CUDA graph buckets."""
     generation = work.reference.generation
@@ -141,35 +206,56 @@ def prepare_graph_module(plan: ExportPlan, work: Work) -> None:
         work.graph.meta["cuda_graphs"] = cuda_graph_spec(buckets, work.axes, work.graph, work.cases, plan.model.device)
 
 
+@declares(reads={Data.GRAPH}, writes={Data.KIND_GRAPHS})
 def graph_module_passes(plan: ExportPlan, work: Work, report: BuildReport) -> None:
     """``export.graph_module.passes``: for the saved GraphModule only (the ONNX export took the graph before them)."""
     work.kind_graphs["graph_module"], records = run_pipeline(work.graph, list(plan.graph_module_passes))
     report.passes += records
 
 
+@declares(reads={Data.GRAPH, Data.KIND_GRAPHS, Data.INPUTS}, writes={Data.FILES})
 def write_artifact(kind: ArtifactKind, work: Work, report: BuildReport) -> None:
     """One artifact kind's files, written into the staging directory by the kind's own writer."""
     graph = work.kind_graphs.get(kind.name, work.graph)  # a graph lowered for this kind alone, where it has one
     report.written[kind.name] = kind.write(graph, WriteContext(work.staging, work.cases[0].inputs, work.axes, work.ranges))
 
 
-def artifact_checks(plan: ValidationPlan, work: Work) -> ArtifactChecks:
+# The export holds what it reads from its start: its child's view of the graph, or in process the graph it took.
+@declares(reads={Data.ONNX_EXPORT}, writes={Data.FILES})
+def finish_onnx_export(plan: ExportPlan, work: Work, report: BuildReport, stage: Callable[[str], AbstractContextManager[None]]) -> None:
+    """Wait for the export (``stage("export_onnx")``, and ``"optimize_onnx"`` where the file-level optimiser runs)."""
+    export = work.onnx_export
+    report.onnx_fusions = export.finish(work.staging / "model.onnx", plan.model, stage)
+    report.onnx_lowering = export.lowering
+
+
+@declares(reads={Data.REFERENCE, Data.INPUTS}, writes={Data.FILE_CHECKERS})
+def artifact_checks(plan: ValidationPlan, work: Work) -> None:
     """The files written, loaded as users load them; each check timed by the schedule."""
     reference = work.reference
-    return ArtifactChecks(plan, work.cases, reference.expected, work.staging, untimed_stage, reference.gate, work.onnx_names)
+    work.checks = ArtifactChecks(plan, work.cases, reference.expected, work.staging, untimed_stage, reference.gate, work.onnx_names)
 
 
-def check_artifact_files(checks: ArtifactChecks, kind: ArtifactKind, report: BuildReport) -> None:
+@declares(reads={Data.FILE_CHECKERS, Data.FILES}, writes={Data.FILE_CHECKS})
+def check_artifact_files(work: Work, kind: ArtifactKind, report: BuildReport) -> None:
     """One kind's files, loaded as users load them, against eager; code runs only as hashed (``report.files``)."""
-    validation, accuracy = checks.check(kind, lambda relative: report.files[relative]["sha256"])
+    validation, accuracy = work.checks.check(kind, lambda relative: report.files[relative]["sha256"])
     report.validation += validation
     report.accuracy += accuracy
 
 
+@declares(reads={Data.REFERENCE, Data.FILES}, writes={Data.FILE_CHECKS})
 def check_generation(work: Work, report: BuildReport) -> None:
     report.generation = work.reference.generation.check_files(work.staging, saved_graph_module_opener(lambda relative: report.files[relative]["sha256"]))
 
 
+@declares(reads={Data.GRAPH_CHECK, Data.FILE_CHECKS})
+def raise_on_failed_checks(report: BuildReport) -> None:
+    """A ValidationError naming the first check that failed, before anything is recorded as built."""
+    raise_on_failure(report.validation, report.accuracy + report.generation)
+
+
+@declares(reads={Data.GRAPH_CHECK, Data.FILE_CHECKS, Data.FILES}, writes={Data.FILES})
 def write_build_manifest(plan: BuildPlan, work: Work, report: BuildReport) -> None:
     manifest_path = _write(write_manifest, work.staging, manifest(plan, report))
     report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
@@ -184,6 +270,7 @@ def manifest(plan: BuildPlan, report: BuildReport) -> dict[str, Any]:
         "trace": {key: value for key, value in report.trace.items() if key != "duration_s"},
         "passes": [{k: v for k, v in p.to_json().items() if k != "seconds"} for p in report.passes],
         "onnx_fusions": report.onnx_fusions,
+        "onnx_lowering": report.onnx_lowering,
         "validation": [c.to_json() for c in report.validation],
         "accuracy": [a.to_json() for a in report.accuracy],
         "generation": [g.to_json() for g in report.generation],

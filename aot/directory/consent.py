@@ -9,6 +9,9 @@ aot runs code from a directory (``aot run --runtime torch``, ``aot.load(..., run
 ``aot validate``, ``aot bench``) only when one of these holds:
 
 - the caller gave the manifest's sha256 (``--expect-sha256``), which covers every file;
+- the caller named a public key whose OpenSSF model signature verifies over every file (``--public-key``,
+  ``aot.load(..., public_key=...)``): the manifest's sha256 as signed then serves as ``--expect-sha256``
+  (:func:`aot.directory.signed.signed_manifest_sha256`);
 - this machine built it: ``aot build`` records each manifest's sha256 it wrote in
   ``built-here.txt`` under aot's cache directory (``$AOT_CACHE_DIR``, else
   ``$XDG_CACHE_HOME/aot``, else ``~/.cache/aot``);
@@ -67,12 +70,13 @@ def require_consent(directory: Path, manifest_sha256: str, expect_sha256: str | 
     Call it after the files were checked against the manifest (``expect_sha256`` was compared there).
     """
     if expect_sha256 is not None:
-        return "its manifest's sha256 was given"
+        return "its manifest's sha256 was given (or signed by the public key given)"
     if built_here(manifest_sha256):
         return "this machine built it"
     if trust_code:
         return "--trust-code"
     raise IntegrityError(
         f"{directory}: {command} would run code from this directory (module.py, recipe.yaml's factory), which this machine "
-        f"did not build: give its manifest's digest (--expect-sha256 {manifest_sha256}) once you trust it, or --trust-code"
+        f"did not build: give its manifest's digest (--expect-sha256 {manifest_sha256}) once you trust it, the public key "
+        "whose signature it carries (--public-key), or --trust-code"
     )

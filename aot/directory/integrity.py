@@ -3,7 +3,8 @@
 ``aot validate`` and ``aot bench`` import ``graph_module/module.py`` and load the recipe the
 directory names; both are code. So before either runs, every file must be what the manifest
 says: listed, inside the directory, a regular file (no symlink), of the recorded size and
-sha256, and no file may be there that the manifest does not list.
+sha256, and no file may be there that the manifest does not list (but for a signature and provenance at the one
+name each that ``aot sign`` may write inside it: :mod:`aot.release.paths`).
 
 A manifest can be re-hashed by whoever can write the directory. What proves a directory from
 elsewhere is the manifest's own sha256, published by whoever built it:
@@ -21,6 +22,7 @@ from typing import Any
 
 from aot.directory.manifest import MANIFEST_NAME, sha256_file
 from aot.errors import IntegrityError, RecipeError
+from aot.release.paths import RELEASE_FILE_NAMES
 
 
 @dataclass
@@ -56,7 +58,10 @@ def verify_directory(directory: str | Path, expect_sha256: str | None = None) ->
     listed = set(manifest["artifacts"]) | {MANIFEST_NAME}
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root).as_posix()
-        if path.is_symlink() or (not path.is_dir() and relative not in listed):
+        # A signature or provenance kept inside (aot sign) is not the build's: tolerated at its one name, top level, a
+        # regular file; it proves itself (aot verify).
+        release_file = relative in RELEASE_FILE_NAMES and path.is_file()
+        if path.is_symlink() or (not path.is_dir() and relative not in listed and not release_file):
             raise IntegrityError(f"{path}: not listed in {MANIFEST_NAME} (a build directory holds only what it lists)")
     return IntegrityReport(directory=directory, manifest_sha256=manifest_sha256, manifest=manifest)
 

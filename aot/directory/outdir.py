@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from aot.directory.manifest import MANIFEST_NAME
+from aot.release.paths import RELEASE_FILE_NAMES
 from aot.errors import ExportError, RecipeError
 from aot.process.libc import function
 
@@ -64,7 +65,8 @@ def _files_not_written_by_aot(directory: Path) -> str | None:
         return f"not empty and not an aot build directory (no {MANIFEST_NAME})"
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        listed = set(manifest["artifacts"]) | {MANIFEST_NAME}
+        # A signature or provenance put inside by aot sign goes with the build it signed (aot.release.paths).
+        listed = set(manifest["artifacts"]) | {MANIFEST_NAME, *RELEASE_FILE_NAMES}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return f"{MANIFEST_NAME} is not an aot manifest"
     for entry in sorted(directory.rglob("*")):

@@ -2,7 +2,8 @@
 
 - the saved GraphModule (:mod:`aot.export.graph_module_artifact`): torch-only ``module.py`` + safetensors;
   :func:`save_graph_module`, :func:`load_standalone` (``module.py``'s own ``load``) and :func:`load` (the graph back);
-- ONNX (:mod:`aot.export.onnx_artifact`): :func:`write_onnx`, fused for ONNX Runtime by :func:`optimize_onnx`
+- ONNX (:mod:`aot.export.onnx_artifact`): :func:`write_onnx` (a decoder's with its onnxruntime-genai config),
+  fused for ONNX Runtime by :func:`optimize_onnx`
   (onnxscript's fusions and aot's own rules, :mod:`aot.export.onnx_rules`), run by :func:`run_onnx`;
 - a compiled package, optional (its unit is registered in :mod:`aot.export.kinds`).
 
@@ -15,7 +16,7 @@ import importlib
 
 _NAMES = {
     "load": "graph_module_artifact", "load_standalone": "graph_module_artifact", "save_graph_module": "graph_module_artifact",
-    "OnnxArtifact": "onnx_export", "write_onnx": "onnx_export", "optimize_onnx": "onnx_optimize",
+    "OnnxArtifact": "onnx_export", "write_onnx": "onnx_artifact", "optimize_onnx": "onnx_optimize",
     "release_sessions": "onnx_runtime", "run_onnx": "onnx_runtime",
 }
 

@@ -31,7 +31,7 @@ _RESHAPING_FUNCTIONS = frozenset({torch.reshape, _aten.view.default, _aten.resha
 
 def with_explicit_copies(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm``, or a GraphModule sharing its modules whose reshaped ``contiguous()`` calls are copies."""
-    if not any(_replaceable(node) for node in gm.graph.nodes):
+    if not reshaped_contiguous_calls(gm):
         return gm
     graph = copy.deepcopy(gm.graph)
     for node in list(graph.nodes):
@@ -49,6 +49,11 @@ def with_explicit_copies(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     copied_gm = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     copied_gm.meta = gm.meta
     return copied_gm
+
+
+def reshaped_contiguous_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The ``contiguous()`` calls :func:`with_explicit_copies` makes copies of: those whose every reader reshapes."""
+    return [node for node in gm.graph.nodes if _replaceable(node)]
 
 
 def _replaceable(node: torch.fx.Node) -> bool:

@@ -1,8 +1,13 @@
 """The ONNX artifact (``export.onnx``) as a unit: ``model.onnx`` (+ its external weights), checked in ONNX Runtime,
-opened by users in an ONNX Runtime session.
+opened by users in an ONNX Runtime session; beside a decoder's, the ``genai_config.json`` that makes the directory
+an onnxruntime-genai model folder (:mod:`aot.export.genai_folder`).
 
-Its writer is :func:`aot.export.onnx_export.write_onnx`, which the build runs in a forked child beside the other
-stages (:mod:`aot.builder.onnx_stage`); its post-write rewrites are :mod:`aot.export.onnx_optimize`'s.
+Its writer is :func:`write_onnx` (``aot.export.write_onnx``), which the build runs in a forked child beside the other
+stages (:mod:`aot.builder.onnx_stage`): :func:`aot.export.onnx_export.write_onnx`'s model, then the genai config, so
+that the build hashes both with the kind's other files. Its post-write rewrites are :mod:`aot.export.onnx_optimize`'s;
+they keep the model's inputs and outputs, which are all the genai config reads of it. What the manifest's deployment
+section says of the genai config (written, or why not) is read again from the directory when the manifest is
+written (:func:`aot.directory.manifest.register_deployment_note`): the child that decided cannot hand it back.
 """
 
 from __future__ import annotations
@@ -13,11 +18,29 @@ from typing import Any
 
 import torch
 
+from aot.directory.manifest import register_deployment_note
 from aot.recipe.schema import OnnxSpec
 
+from .genai_folder import GENAI_CONFIG, NOTE_KEY, deployment_note, write_genai_config
 from .kinds import ArtifactKind, OpenOptions
 
 ONNX_FILE = "model.onnx"
+
+
+def write_onnx(gm: torch.fx.GraphModule, path: Path, *args: Any, **options: Any) -> Any:
+    """:func:`aot.export.onnx_export.write_onnx` (same arguments, same files), then ``genai_config.json`` beside a
+    decoder's model (:func:`aot.export.genai_folder.write_genai_config`); its ``paths`` name the config too."""
+    from .onnx_export import write_onnx as write_model
+
+    written = write_model(gm, path, *args, **options)
+    path = Path(path)
+    folder = write_genai_config(path.parent, path.name)
+    if folder.config is not None:
+        written.paths.append(path.parent / GENAI_CONFIG)
+    return written
+
+
+register_deployment_note(NOTE_KEY, deployment_note)
 
 
 def float16_in_export(spec: OnnxSpec) -> bool:

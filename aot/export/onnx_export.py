@@ -7,8 +7,9 @@
 - Output names are :func:`aot.tracing.outputs.flatten_outputs` names of the graph's output.
 - Weights go to one external data file ``<name>.data`` beside the model when
   the model would pass protobuf's 2 GiB limit.
-- ``aot.runtime.Int8DynamicLinear`` layers become ONNX's int8 ops (:mod:`aot.export.onnx_int8`).
-- ``aot.runtime.WeightOnlyLinear`` layers become ONNX Runtime's ``MatMulNBits`` (:mod:`aot.export.onnx_weight_only`).
+- The ONNX unit's own lowering passes run before the exporter (``aot.runtime.Int8DynamicLinear`` layers become ONNX's
+  int8 ops, ``aot.runtime.WeightOnlyLinear`` layers ONNX Runtime's ``MatMulNBits``...) and after it, on the model it
+  made; each is named, and what each did is recorded (:mod:`aot.export.onnx_lowering`).
 - The exporter decomposes the nodes ONNX has no translation for one by one, not by tracing
   the whole program a second time (:mod:`aot.export.onnx_decompositions`).
 - Reproducible: node stack traces (file paths, line numbers) are dropped; nothing
@@ -25,6 +26,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -38,13 +40,11 @@ from aot.tracing.export_trace import INFERRED
 from aot.tracing.source_location import raised_at
 from aot.tracing.outputs import flatten_outputs
 
-from .contiguous_copies import with_explicit_copies
 from .export_shapes import dynamic_shapes_of, ordered_inputs
 from .onnx_decompositions import only_needed_decompositions
 from .onnx_files import step_errors, write_checked
 from .onnx_float16 import convert_to_float16
-from .onnx_int8 import lower_int8_linears
-from .onnx_weight_only import lower_weight_only_linears, shift_int8_codes_on_write
+from .onnx_lowering import LoweringContext, run_lowering
 from .ort_fusions import Target, fuse_for_ort
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ _WRITE_THREADS = 2
 class OnnxArtifact:
     paths: list[Path]
     fusions: dict[str, int] = field(default_factory=dict)
+    lowering: list[dict[str, Any]] = field(default_factory=list)  # what each lowering pass did (onnx_lowering), in order
 
 
 def write_onnx(
@@ -80,7 +81,8 @@ def write_onnx(
     input_names: dict[str, str] | None = None,
     int8_prompts: bool = False,
 ) -> OnnxArtifact:
-    """Write ``path`` (and ``path.data`` for large models); return the written paths and the fusions made.
+    """Write ``path`` (and ``path.data`` for large models); return the written paths, the fusions made and what the
+    lowering passes did (:mod:`aot.export.onnx_lowering`).
 
     ``external_data``: ``True`` always writes the weights to ``<name>.data`` (on BERT-base it
     halves the export's peak memory and saves ~4 s, since no 400 MB protobuf is built in
@@ -121,14 +123,9 @@ def write_onnx(
     inputs = ordered_inputs(gm, example_inputs)
     output_names = output_names or _output_names(gm, inputs)
     dynamic_shapes = dynamic_shapes_of(inputs, dynamic_dims, dim_ranges) if dynamic_dims else None
-    gm, translations = lower_int8_linears(with_explicit_copies(gm))
-    gm, weight_only = lower_weight_only_linears(gm, int8_prompts=int8_prompts)
-    translations = {**translations, **weight_only}
-    program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, translations)
-    if weight_only:
-        shift_int8_codes_on_write(program.model)
-    if int8_prompts and weight_only:  # the exporter declares the domains of the nodes it recorded, not of If branches
-        program.model.opset_imports.setdefault("com.microsoft", 1)
+    lowering = LoweringContext(int8_prompts=int8_prompts, input_names=input_names or {})
+    gm, lowered_graph = run_lowering("fx", gm, lowering)
+    program = _run_exporter(gm, path, inputs, dynamic_shapes, output_names, opset, optimize, lowering.translations)
     produced_opset = program.model.opset_imports.get("", None)
     if produced_opset != opset:
         raise ExportError(
@@ -136,8 +133,8 @@ def write_onnx(
             " (its version converter could not convert this graph)"
         )
     inferred = {name for name, bounds in (dim_ranges or {}).items() if bounds == INFERRED}
-    _check_dynamic_axes(program.model, dynamic_dims or {}, path, inferred)
-    _rename_inputs(program.model, input_names or {})
+    _check_dynamic_axes(program.model, dynamic_dims or {}, path, inferred)  # under the graph's input names
+    program.model, lowered_model = run_lowering("onnx", program.model, lowering)
     _drop_unreproducible_metadata(program.model)
     fusions = {}
     if ort_fusions is not None:
@@ -152,7 +149,7 @@ def write_onnx(
     _contiguous_on_write(program.model)
     written = write_checked(path, lambda staged: _save(program.model, staged, external))
     logger.info("exported %s (opset %d, external data: %s)", path, opset, external)
-    return OnnxArtifact(written, fusions)
+    return OnnxArtifact(written, fusions, [record.to_json() for record in lowered_graph + lowered_model])
 
 
 def _output_names(gm: torch.fx.GraphModule, inputs: dict[str, torch.Tensor]) -> list[str]:
@@ -222,12 +219,6 @@ def _exporter_reason(error: BaseException) -> str:
     location = raised_at(innermost)
     where = f" at {location}" if location is not None else ""
     return f"{type(innermost).__name__}{where}: {first_line(innermost)}"
-
-
-def _rename_inputs(model: ir.Model, names: dict[str, str]) -> None:
-    for value in model.graph.inputs:
-        if value.name in names:
-            value.name = names[value.name]
 
 
 def _check_dynamic_axes(model, dynamic_dims: dict[str, dict[int, str]], path: Path, inferred: set[str] = frozenset()) -> None:

@@ -93,11 +93,11 @@ def lower_int8_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, 
     The graph is copied; ``gm`` and its modules are left as they are. A graph without
     int8 layers comes back unchanged, with an empty table.
     """
-    if not _int8_calls(gm):
+    if not int8_linear_calls(gm):
         return gm, {}
     lowered = torch.fx.GraphModule(gm, copied_graph(gm.graph))
     graph = lowered.graph
-    for node in _int8_calls(lowered):
+    for node in int8_linear_calls(lowered):
         layer = lowered.get_submodule(str(node.target))
         with graph.inserting_before(node):
             tensors = [graph.get_attr(f"{node.target}.{name}") for name in ("weight", "weight_scale")]
@@ -111,7 +111,8 @@ def lower_int8_linears(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, 
     return lowered, dict(_CUSTOM_OPS.values())
 
 
-def _int8_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+def int8_linear_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The calls of an ``Int8DynamicLinear`` in ``gm``: what :func:`lower_int8_linears` replaces."""
     return [node for node in gm.graph.nodes if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), Int8DynamicLinear)]
 
 

@@ -187,8 +187,7 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule, int8_prompts: bool = Fal
     the layers' paths (so the ONNX initializers keep the GraphModule's names); ``gm`` and its
     modules are left as they are. A graph without such layers comes back unchanged.
     """
-    if not any(node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), WeightOnlyLinear)
-               for node in gm.graph.nodes):
+    if not weight_only_calls(gm):
         return gm, {}
     graph = copied_graph(gm.graph)
     lowered_layers: dict[str, tuple[int, dict[str, torch.Tensor]]] = {}
@@ -223,6 +222,12 @@ def lower_weight_only_linears(gm: torch.fx.GraphModule, int8_prompts: bool = Fal
     return lowered, {torch.ops.aot.weight_only_linear.default: _translation(indexed)}
 
 
+def weight_only_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The calls of a ``WeightOnlyLinear`` in ``gm``: what :func:`lower_weight_only_linears` replaces."""
+    return [node for node in gm.graph.nodes
+            if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), WeightOnlyLinear)]
+
+
 def shift_int8_codes_on_write(model: ir.Model) -> int:
     """Have each int8 layer's codes ``q`` (int8, as the exporter took them from the lowered graph) stored as
     ``MatMulNBits`` reads them, ``q + 128`` in uint8, each made as the file is written (an ``onnx_ir.LazyTensor``).
@@ -244,6 +249,19 @@ def shift_int8_codes_on_write(model: ir.Model) -> int:
         weight.dtype = ir.DataType.UINT8
         shifted += 1
     return shifted
+
+
+def declare_contrib_domain(model: ir.Model) -> int:
+    """Declare ``com.microsoft`` (version 1) among the model's opset imports where a node uses it and the exporter did
+    not: it declares the domains of the nodes it recorded, not of those in the If branches that ``int8_prompts``
+    builds itself (:mod:`aot.export.onnx_prompt_gemm`), which may then hold every ``MatMulNBits``. Returns 1 when it
+    declared the domain, 0 when it was declared or unused."""
+    if _CONTRIB in model.opset_imports:
+        return 0
+    if not any(node.domain == _CONTRIB for node in ir.traversal.RecursiveGraphIterator(model.graph)):
+        return 0
+    model.opset_imports[_CONTRIB] = 1
+    return 1
 
 
 def _shifted_by_128(codes: ir.TensorProtocol, name: str) -> ir.Tensor:

@@ -29,6 +29,7 @@ import torch
 
 from aot.bundle import DEPLOYMENT_KEY
 from aot.directory.open import open_build
+from aot.directory.signed import signed_manifest_sha256
 from aot.errors import RecipeError
 from aot.export.kinds import OpenOptions, artifact_kinds, kind_of_runtime, runtimes
 
@@ -212,15 +213,39 @@ class BuiltModel:
         eos = _eos_ids(self.directory)
         tokens = self.artifact.generate(input_ids, mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
         new = tokens[:, longest:]
-        return [tokenizer.decode(_until_eos(row.tolist(), eos), skip_special_tokens=True) for row in new]
+        return [_continuation(tokenizer, prompt, _until_eos(row.tolist(), eos)) for prompt, row in zip(ids, new)]
+
+
+def _continuation(tokenizer, prompt: list[int], generated: list[int]) -> str:
+    """What the tokenizer's decoding of prompt and continuation adds after the prompt's: the text to append to it.
+
+    Decoded alone, a continuation loses what joins it to the prompt: a SentencePiece tokenizer drops its leading
+    space (" Paris" becomes "Paris"), and a WordPiece one has none to keep (", I'm" after "there" is glued, "paris"
+    after "is" is not). Decoding the whole sequence and taking what follows the prompt's own decoding is how the
+    tokenizer itself joins them (transformers' TextStreamer does the same).
+    """
+    before = tokenizer.decode(prompt, skip_special_tokens=True)
+    whole = tokenizer.decode(prompt + generated, skip_special_tokens=True)
+    if whole.startswith(before):
+        return whole[len(before):]
+    return tokenizer.decode(generated, skip_special_tokens=True)  # a decoding that rewrites the prompt's end: the tokens alone
 
 
 def load(directory: str | Path, runtime: str = "onnx", *, expect_sha256: str | None = None, trust_code: bool = False,
-         threads: int | None = None) -> BuiltModel:
-    """A build directory, verified against its manifest, with the chosen artifact loaded; see the module docstring."""
+         threads: int | None = None, public_key: str | Path | None = None, signature: str | Path | None = None) -> BuiltModel:
+    """A build directory, verified against its manifest, with the chosen artifact loaded; see the module docstring.
+
+    ``public_key``: the directory's OpenSSF model signature (``signature``, by default ``DIR.sig`` beside it, else
+    ``DIR/model.sig``) must verify with it over every file; the manifest's sha256 it signs then stands for
+    ``expect_sha256``, and so gives consent to run the directory's code (:mod:`aot.directory.signed`).
+    """
     if runtime not in runtimes():
         raise RecipeError(f"runtime '{runtime}' is not one of {', '.join(runtimes())}")
+    if signature is not None and public_key is None:
+        raise RecipeError("signature= needs public_key=: the key to check it with")
     kind = kind_of_runtime(runtime)
+    if public_key is not None:
+        expect_sha256 = signed_manifest_sha256(directory, public_key, signature, expect_sha256, command="aot.load(public_key=...)")
     opened = open_build(directory, expect_sha256, trust_code)
     manifest = opened.manifest
     decoder = (manifest.get(DEPLOYMENT_KEY) or {}).get("task") == "decoder"

@@ -4,7 +4,8 @@
     gm(input_ids=ids, attention_mask=mask)   # {"last_hidden_state": ..., "pooler_output": ...}
 
 - placeholders are named exactly after ``input_names``; the model's other
-  ``forward`` arguments keep their defaults, or the values in ``concrete_args``;
+  ``forward`` arguments keep their defaults, or the values in ``concrete_args``; the KV cache
+  may be named ``past_key_values`` or ``cache`` whichever the forward spells (:mod:`aot.tracing.input_names`);
 - the graph returns what the model returns, with ``ModelOutput`` as a plain dict of its
   non-``None`` fields (so ``aot.tracing.outputs.flatten_outputs`` names match eager);
 - ``use_cache`` is traced as ``False`` unless given: a cache object is not a tensor output;
@@ -36,6 +37,7 @@ from aot.errors import TraceError
 from aot.process.quiet import quiet_torch
 
 from .dummy_inputs import default_input_names, forward_parameters, make_dummy_inputs
+from .input_names import forward_keyword, forward_keywords
 from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
 from .shape_check import check_at_second_shape, specialising_sizes
 from .tracer import HFTracer
@@ -74,11 +76,11 @@ def resolve_function(spec: Callable | str) -> Callable:
 def _check_model(model: torch.nn.Module, input_names: Sequence[str], dummy_inputs: Mapping[str, Any] | None) -> None:
     parameters = forward_parameters(model)
     for name in input_names:
-        if name not in parameters:
+        if forward_keyword(name, parameters) is None:
             raise TraceError(
                 f"model {type(model).__name__} has no input '{name}'; its inputs are: {', '.join(parameters)}"
             )
-    if len(set(input_names)) != len(input_names):
+    if len(set(forward_keywords(input_names, parameters).values())) != len(input_names):
         raise TraceError(f"input_names of {type(model).__name__} name an input twice: {list(input_names)}")
     if dummy_inputs is not None:
         for name in input_names:
@@ -245,6 +247,7 @@ def symbolic_trace(
                     static_kwargs=static_kwargs,
                     concrete_args=concrete_args,
                     output_adapter=adapter,
+                    forward_keywords=forward_keywords(input_names, forward_parameters(model)) if input_names is not None else None,
                 )
         except TraceError:
             raise

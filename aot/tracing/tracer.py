@@ -119,6 +119,7 @@ class HFTracer(torch.fx.Tracer):
         self._tensor_names: dict[int, str] = {}
         self._module_paths: dict[int, str] = {}
         self._input_names: list[str] | None = None
+        self._forward_keywords: dict[str, str] = {}
         self._example_inputs: Mapping[str, Any] = {}
         self._static_kwargs: dict[str, Any] = {}
         self._output_adapter: Callable[[Any], Any] = lambda value: value
@@ -132,9 +133,14 @@ class HFTracer(torch.fx.Tracer):
         static_kwargs: Mapping[str, Any] | None = None,
         concrete_args: dict[str, Any] | None = None,
         output_adapter: Callable[[Any], Any] | None = None,
+        forward_keywords: Mapping[str, str] | None = None,
     ) -> torch.fx.Graph:
-        """Trace ``model``; with ``input_names`` the graph's placeholders are exactly those names."""
+        """Trace ``model``; with ``input_names`` the graph's placeholders are exactly those names.
+
+        ``forward_keywords``: ``{input name: the forward's keyword}`` where they differ (:mod:`aot.tracing.input_names`).
+        """
         self._input_names = list(input_names) if input_names is not None else None
+        self._forward_keywords = dict(forward_keywords or {})
         self._example_inputs = dict(example_inputs or {})
         self._static_kwargs = dict(static_kwargs or {})
         if output_adapter is not None:
@@ -177,10 +183,11 @@ class HFTracer(torch.fx.Tracer):
             proxy = self.create_proxy("placeholder", name, (), {})
             self._set_placeholder_fake(proxy.node, name)
             placeholders.append(proxy)
-        model, names, static_kwargs, adapt = self.root, list(self._input_names), self._static_kwargs, self._output_adapter
+        model, static_kwargs, adapt = self.root, self._static_kwargs, self._output_adapter
+        keywords = [self._forward_keywords.get(name, name) for name in self._input_names]
 
         def traced_forward(*inputs):
-            return adapt(model(**dict(zip(names, inputs)), **static_kwargs))
+            return adapt(model(**dict(zip(keywords, inputs)), **static_kwargs))
 
         return traced_forward, placeholders
 

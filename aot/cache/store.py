@@ -1,0 +1,203 @@
+"""The store: blobs by content and entries by key, on any fsspec filesystem (a directory, ``memory://``, ``s3://``).
+
+::
+
+    URL/blobs/ab/ab12…(64 hex)      a build directory's file, named by the sha256 of its bytes
+    URL/entries/<64 hex key>.json   what one key built (:mod:`aot.cache.entry`)
+
+A build writes its blobs first and its entry last, so a reader finds an entry only once every blob it names is
+there. Object stores (S3, GCS, Azure, memory) publish an object whole when its upload ends; on a filesystem
+(a directory, SFTP...) a file is written under a temporary name beside its place and renamed, so no reader sees
+half of one. A reader still checks every byte (:mod:`aot.cache.restore`).
+
+Options reach fsspec as they are (``url_to_fs(url, **options)``): ``endpoint_url``, ``anon``, ``client_kwargs``
+for s3fs, say. fsspec's own ``FSSPEC_S3_ENDPOINT_URL``-style variables and botocore's ``AWS_ENDPOINT_URL``,
+``AWS_PROFILE``... apply too.
+
+Every call into fsspec goes through :meth:`CacheStore._reaching`: a backend raises what it raises (botocore's
+``EndpointConnectionError`` is no ``OSError``), and any of it means the same to a build: build without the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aot.cache.entry import CacheEntry, StoredFile, parse_entry
+from aot.cache.errors import CacheUnavailable, CorruptEntry
+from aot.errors import RecipeError, first_line
+
+log = logging.getLogger(__name__)
+
+BLOBS = "blobs"
+ENTRIES = "entries"
+_ENTRY_SUFFIX = ".json"
+# Where an upload appears whole or not at all; elsewhere a temporary name and a rename do it.
+_WHOLE_OBJECT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"})
+
+
+def storage_options(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``["endpoint_url=http://127.0.0.1:9000", "anon=true"]`` (``--cache-option``) -> fsspec options; values are YAML."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        name, equals, text = pair.partition("=")
+        if not equals or not name.strip():
+            raise RecipeError(f"--cache-option {pair}: not KEY=VALUE")
+        try:
+            options[name.strip()] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as error:
+            raise RecipeError(f"--cache-option {pair}: the value is not YAML ({first_line(error)})") from None
+    return options
+
+
+class CacheStore:
+    """One cache, at ``url``; :meth:`open` it."""
+
+    def __init__(self, fs: Any, root: str, url: str):
+        self.fs, self.root, self.url = fs, root.rstrip("/"), url
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        self._whole_objects = bool(protocols & _WHOLE_OBJECT_PROTOCOLS)
+
+    @classmethod
+    def open(cls, url: str | Path, options: Mapping[str, Any] | None = None) -> CacheStore:
+        """The store at ``url``, created where it is missing; CacheUnavailable when it cannot be reached or made."""
+        import fsspec
+
+        url = str(url)
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **dict(options or {}))
+        except Exception as error:  # an unknown protocol (ValueError), a backend not installed (ImportError), bad options
+            raise CacheUnavailable(f"{url}: {type(error).__name__}: {first_line(error)}") from None
+        store = cls(fs, root, url)
+        with store._reaching("cannot open the cache"):
+            fs.makedirs(store.root, exist_ok=True)  # also the first request: an unreachable store says so here
+        return store
+
+    # -- paths
+
+    def blob_path(self, digest: str) -> str:
+        return f"{self.root}/{BLOBS}/{digest[:2]}/{digest}"
+
+    def entry_path(self, key: str) -> str:
+        return f"{self.root}/{ENTRIES}/{key}{_ENTRY_SUFFIX}"
+
+    def entry_url(self, key: str) -> str:
+        """The entry as the user would name it: under the URL they gave."""
+        return f"{self.url.rstrip('/')}/{ENTRIES}/{key}{_ENTRY_SUFFIX}"
+
+    # -- entries
+
+    def read_entry(self, key: str) -> CacheEntry | None:
+        """The entry of ``key``; None when there is none; CorruptEntry when it cannot be used."""
+        with self._reaching(f"cannot read {self.entry_url(key)}"):
+            try:
+                data = self.fs.cat_file(self.entry_path(key))
+            except FileNotFoundError:
+                return None
+        return parse_entry(data, self.entry_url(key), key)
+
+    def write_entry(self, entry: CacheEntry) -> None:
+        data = entry.to_bytes()
+        with self._reaching(f"cannot write {self.entry_url(entry.key)}"):
+            self._publish(self.entry_path(entry.key), lambda path: self.fs.pipe_file(path, data))
+
+    def remove_entry(self, key: str) -> None:
+        with self._reaching(f"cannot remove {self.entry_url(key)}"):
+            self.fs.rm_file(self.entry_path(key))
+
+    def entry_keys(self) -> list[str]:
+        """Every key with an entry (temporary files of entries being written left out)."""
+        with self._reaching("cannot list the entries"):
+            try:
+                names = [Path(path).name for path in self.fs.ls(f"{self.root}/{ENTRIES}", detail=False)]
+            except FileNotFoundError:
+                return []
+        return sorted(name[: -len(_ENTRY_SUFFIX)] for name in names if name.endswith(_ENTRY_SUFFIX))
+
+    def entry_data(self, key: str) -> bytes:
+        with self._reaching(f"cannot read {self.entry_url(key)}"):
+            return self.fs.cat_file(self.entry_path(key))
+
+    # -- blobs
+
+    def has_blob(self, stored: StoredFile) -> bool:
+        """Whether the blob is there at its size (its bytes are checked by whoever restores it)."""
+        with self._reaching("cannot look up a blob"):
+            try:
+                return self.fs.size(self.blob_path(stored.sha256)) == stored.bytes
+            except FileNotFoundError:
+                return False
+
+    def put_blob(self, local: Path, stored: StoredFile) -> None:
+        with self._reaching(f"cannot write blob {stored.sha256}"):
+            self._publish(self.blob_path(stored.sha256), lambda path: self.fs.put_file(str(local), path))
+
+    def fetch(self, files: Mapping[str, StoredFile], into: Path, where: str) -> None:
+        """Each blob of ``files`` to ``into / relative``; CorruptEntry naming ``where`` and the blobs that are missing."""
+        relatives = sorted(files)
+        for relative in relatives:
+            (into / relative).parent.mkdir(parents=True, exist_ok=True)
+        with self._reaching("cannot fetch the blobs"):
+            try:
+                # One call: fsspec fetches them concurrently where the backend can (s3fs does).
+                self.fs.get([self.blob_path(files[r].sha256) for r in relatives], [str(into / r) for r in relatives])
+            except FileNotFoundError:
+                missing = [f"{files[r].sha256} ({r})" for r in relatives if not self.fs.exists(self.blob_path(files[r].sha256))]
+                raise CorruptEntry(f"{where}: blob {', '.join(missing) or 'of a file'} missing from the store") from None
+
+    def remove_blob(self, digest: str) -> None:
+        with self._reaching(f"cannot remove blob {digest}"):
+            self.fs.rm_file(self.blob_path(digest))
+
+    def blob_files(self) -> list[str]:
+        """Every file under blobs/ (digests, and any temporary file a writer left), as store paths."""
+        with self._reaching("cannot list the blobs"):
+            try:
+                return sorted(self.fs.find(f"{self.root}/{BLOBS}"))
+            except FileNotFoundError:
+                return []
+
+    def remove_path(self, path: str) -> None:
+        with self._reaching(f"cannot remove {path}"):
+            self.fs.rm_file(path)
+
+    def modified(self, path: str) -> datetime:
+        with self._reaching(f"cannot read the date of {path}"):
+            when = self.fs.modified(path)
+        return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+    # -- how
+
+    def _publish(self, path: str, write: Any) -> None:
+        """``write(name)`` so that ``path`` appears whole (see the module docstring)."""
+        if self._whole_objects:
+            write(path)
+            return
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
+            write(temporary)
+            self.fs.mv(temporary, path)
+        except BaseException:
+            try:
+                self.fs.rm_file(temporary)
+            except Exception:  # already gone, or the store went away: the first error is the one to report
+                pass
+            raise
+
+    @contextmanager
+    def _reaching(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except (CorruptEntry, CacheUnavailable):
+            raise
+        except Exception as error:  # whatever the backend raises (see the module docstring)
+            log.debug("%s: %s", self.url, what, exc_info=True)
+            raise CacheUnavailable(f"{self.url}: {what}: {type(error).__name__}: {first_line(error)}") from None

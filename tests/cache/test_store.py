@@ -1,0 +1,162 @@
+"""Blobs and entries on a directory, memory:// and S3 (moto's server, s3fs): stored, restored, refused, pruned.
+
+The build directories here are made in milliseconds (files and a manifest aot's integrity check accepts);
+tests/cache/test_build_cache.py builds real ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from aot.cache.entry import CacheEntry, StoredFile
+from aot.cache.errors import CacheUnavailable, CorruptEntry
+from aot.cache.prune import prune
+from aot.cache.restore import restore_entry
+from aot.cache.save import save_build
+from aot.cache.store import CacheStore, storage_options
+from aot.errors import RecipeError
+from tests.cache.conftest import closed_port, fake_build, fake_key, tree_bytes
+
+
+def _saved(store_location, tmp_path: Path, seed: str = "a") -> tuple[CacheStore, CacheEntry, Path]:
+    url, options = store_location
+    store = CacheStore.open(url, options)
+    built = fake_build(tmp_path / f"built-{seed}", seed)
+    entry = save_build(store, fake_key(seed), built, f"fake-{seed}", {"name": f"fake-{seed}"})
+    return store, entry, built
+
+
+def test_a_stored_build_restores_byte_identical(store_location, tmp_path):
+    store, entry, built = _saved(store_location, tmp_path)
+    assert len(entry.key) == 64 and store.read_entry(entry.key) == entry  # the whole digest names it
+    assert store.fs.exists(store.blob_path(entry.files["model.onnx"].sha256))
+    target = tmp_path / "restored"
+    assert not target.exists()  # precondition
+    assert restore_entry(store, entry, target) == 4
+    assert tree_bytes(target) == tree_bytes(built)
+    assert not [p for p in tmp_path.iterdir() if ".aot-tmp-" in p.name], "no staging directory left behind"
+
+
+def test_storing_again_sends_only_new_blobs(store_location, tmp_path):
+    url, options = store_location
+    store = CacheStore.open(url, options)
+    sent = []
+    put_blob = store.put_blob
+    store.put_blob = lambda local, stored: (sent.append(local.name), put_blob(local, stored))  # a spy: the upload still runs
+    first = save_build(store, fake_key("a"), fake_build(tmp_path / "a", "a"), "a", {})
+    assert sorted(sent) == ["config.json", "manifest.json", "model.onnx", "weights.safetensors"]  # precondition
+    sent.clear()
+    second = save_build(store, fake_key("b"), fake_build(tmp_path / "b", "b"), "b", {})
+    assert second.files["config.json"] == first.files["config.json"], "precondition: one file the same in both"
+    assert sorted(sent) == ["manifest.json", "model.onnx", "weights.safetensors"]
+    assert store.entry_keys() == sorted([first.key, second.key])
+
+
+@pytest.mark.parametrize("relative", ["model.onnx", "manifest.json"])
+def test_a_blob_that_is_not_its_digest_is_refused_and_removed(store_location, tmp_path, relative):
+    store, entry, _ = _saved(store_location, tmp_path)
+    digest = entry.files[relative].sha256
+    blob = store.blob_path(digest)
+    store.fs.pipe_file(blob, b"X" * entry.files[relative].bytes)  # same size, other bytes
+    target = tmp_path / "restored"
+    with pytest.raises(CorruptEntry, match=rf"entries/{entry.key}\.json: blob {digest} \({re.escape(relative)}\) does not hold"):
+        restore_entry(store, entry, target)
+    assert not target.exists(), "a refused entry leaves the target as it was"
+    assert not store.fs.exists(blob), "a blob that is not its name can serve no one"
+    assert not [p for p in tmp_path.iterdir() if ".aot-tmp-" in p.name]
+
+
+def test_an_entry_whose_blob_is_missing_is_refused(store_location, tmp_path):
+    store, entry, _ = _saved(store_location, tmp_path)
+    digest = entry.files["graph_module/weights.safetensors"].sha256
+    store.remove_blob(digest)
+    target = tmp_path / "restored"
+    with pytest.raises(CorruptEntry, match=rf"blob {digest} \(graph_module/weights\.safetensors\) missing"):
+        restore_entry(store, entry, target)
+    assert not target.exists()
+
+
+def test_an_unreadable_entry_is_refused_naming_it(store_location, tmp_path):
+    store, entry, _ = _saved(store_location, tmp_path)
+    store.fs.pipe_file(store.entry_path(entry.key), b'{"format": 1, "key": "trunc')
+    with pytest.raises(CorruptEntry, match=rf"entries/{entry.key}\.json: not valid JSON"):
+        store.read_entry(entry.key)
+
+
+def test_files_that_disagree_with_their_manifest_are_refused(tmp_path):
+    store, entry, built = _saved((str(tmp_path / "cache"), {}), tmp_path)
+    extra = built / "notes.txt"
+    extra.write_text("not in the manifest\n")
+    digest = hashlib.sha256(extra.read_bytes()).hexdigest()
+    store.put_blob(extra, StoredFile(digest, extra.stat().st_size))
+    padded = CacheEntry(entry.key, entry.name, entry.created, entry.manifest_sha256,
+                        {**entry.files, "notes.txt": StoredFile(digest, extra.stat().st_size)}, entry.report, entry.inputs)
+    with pytest.raises(CorruptEntry, match=r"its files disagree with its manifest.json: notes.txt: not listed"):
+        restore_entry(store, padded, tmp_path / "restored")
+    assert not (tmp_path / "restored").exists()
+
+
+@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "a/../../b", "a\\b", "./a"])
+def test_an_entry_naming_a_path_outside_the_directory_is_refused(tmp_path, path):
+    store, entry, _ = _saved((str(tmp_path / "cache"), {}), tmp_path)
+    document = entry.to_json()
+    document["files"][path] = document["files"]["model.onnx"]
+    store.fs.pipe_file(store.entry_path(entry.key), json.dumps(document).encode())
+    with pytest.raises(CorruptEntry, match="would leave the build directory"):
+        store.read_entry(entry.key)
+
+
+def test_a_store_that_cannot_be_reached_or_made_is_unavailable(tmp_path, s3_endpoint):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    with pytest.raises(CacheUnavailable, match=rf"{a_file}/cache: cannot open the cache: NotADirectoryError"):
+        CacheStore.open(a_file / "cache")
+    with pytest.raises(CacheUnavailable, match="nope://x: ValueError: Protocol not known"):
+        CacheStore.open("nope://x")
+    options = {"endpoint_url": f"http://127.0.0.1:{closed_port()}", "config_kwargs": {"retries": {"max_attempts": 1}}}
+    with pytest.raises(CacheUnavailable, match="s3://bucket/cache: cannot open the cache: EndpointConnectionError"):
+        CacheStore.open("s3://bucket/cache", options)
+
+
+def test_cache_options_are_yaml_values():
+    assert storage_options(["endpoint_url=http://127.0.0.1:9000", "anon=true", "config_kwargs={retries: {max_attempts: 1}}"]) == {
+        "endpoint_url": "http://127.0.0.1:9000", "anon": True, "config_kwargs": {"retries": {"max_attempts": 1}}}
+    with pytest.raises(RecipeError, match="--cache-option anon: not KEY=VALUE"):
+        storage_options(["anon"])
+
+
+def test_prune_removes_old_entries_then_the_blobs_no_entry_names(store_location, tmp_path):
+    url, options = store_location
+    store = CacheStore.open(url, options)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    entries = {}
+    for age_days, seed in ((0, "new"), (3, "mid"), (10, "old")):
+        built = fake_build(tmp_path / seed, seed)
+        saved = save_build(store, fake_key(seed), built, seed, {})
+        entries[seed] = CacheEntry(saved.key, seed, now - timedelta(days=age_days), saved.manifest_sha256, saved.files, {}, {})
+        store.write_entry(entries[seed])
+    broken = fake_key("broken").digest
+    store.fs.pipe_file(store.entry_path(broken), b"not json")
+    blobs_before = len(store.blob_files())
+    assert len(store.entry_keys()) == 4 and blobs_before == 3 * 4 - 2  # precondition: config.json is one shared blob
+
+    report = prune(store, older_than=timedelta(days=5), blob_grace=timedelta(0))
+    assert sorted(report.entries_removed) == sorted([entries["old"].key, broken])
+    assert store.entry_keys() == sorted([entries["new"].key, entries["mid"].key])
+    assert report.blobs_removed == 3 and len(store.blob_files()) == blobs_before - 3  # old's own blobs only
+    assert store.fs.exists(store.blob_path(entries["old"].files["config.json"].sha256)), "a blob others name stays"
+
+    report = prune(store, keep=1, blob_grace=timedelta(hours=1))
+    assert report.entries_removed == [entries["mid"].key]
+    assert report.blobs_removed == 0, "blobs younger than the grace stay: a build may be storing them"
+    report = prune(store, keep=1, blob_grace=timedelta(0))
+    assert report.blobs_removed == 3 and report.entries_kept == 1
+    new = tmp_path / "restored"
+    restore_entry(store, entries["new"], new)  # what remains still restores
+    assert tree_bytes(new) == tree_bytes(tmp_path / "new")
