@@ -15,7 +15,7 @@ README_MAX_DATED_LINES = 3
 CI_MARKER = "<!-- ci-test-command -->"
 CI_COMMAND = (
     "pip install -c requirements.lock torch && pip install -c requirements.lock -e '.[test]' && "
-    "python -m pytest -q --tier artifact --durations=25"
+    "python -m pytest -q --tier artifact -n 2 --dist loadfile --durations=25"
 )
 DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target): inline links, the only kind these pages use

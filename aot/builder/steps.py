@@ -35,7 +35,7 @@ from aot.recipe.schema import OnnxSpec
 from aot.gates.accuracy import make_gate
 from aot.builder.checks import ArtifactChecks, generation_reference, saved_graph_module_opener, validate_graph
 from aot.builder.onnx_stage import OnnxStage
-from aot.export.kinds import ArtifactKind, WriteContext, artifact_kinds
+from aot.export.kinds import ArtifactKind, WriteContext, artifact_kinds, enabled_kinds
 from aot.gates.compare import eager_outputs, eager_runner, raise_on_failure, untimed_stage
 from aot.gates.eager_guard import check_after_each_pass
 from aot.weights_dtype import widen_leftover_linears
@@ -257,11 +257,16 @@ def raise_on_failed_checks(report: BuildReport) -> None:
 
 @declares(reads={Data.GRAPH_CHECK, Data.FILE_CHECKS, Data.FILES}, writes={Data.FILES})
 def write_build_manifest(plan: BuildPlan, work: Work, report: BuildReport) -> None:
-    manifest_path = _write(write_manifest, work.staging, manifest(plan, report))
+    notes = {key: line for kind in enabled_kinds(plan.export) for key, line in kind.deployment_notes(work.staging).items()}
+    manifest_path = _write(write_manifest, work.staging, manifest(plan, report, notes))
     report.manifest_sha256 = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
 
 
-def manifest(plan: BuildPlan, report: BuildReport) -> dict[str, Any]:
+def manifest(plan: BuildPlan, report: BuildReport, deployment_notes: dict[str, str] | None = None) -> dict[str, Any]:
+    """The manifest's content; ``deployment_notes``: the enabled artifact kinds' lines for its deployment section."""
+    deployment = report.deployment.to_json() if report.deployment is not None else None
+    if deployment is not None and deployment_notes:
+        deployment = {**deployment, **deployment_notes}
     return {
         "manifest_version": MANIFEST_VERSION,
         "name": plan.name,
@@ -274,7 +279,7 @@ def manifest(plan: BuildPlan, report: BuildReport) -> dict[str, Any]:
         "validation": [c.to_json() for c in report.validation],
         "accuracy": [a.to_json() for a in report.accuracy],
         "generation": [g.to_json() for g in report.generation],
-        DEPLOYMENT_KEY: report.deployment.to_json() if report.deployment is not None else None,
+        DEPLOYMENT_KEY: deployment,
         **{kind.manifest_key: kind.manifest_section(report.written.get(kind.name)) for kind in artifact_kinds() if kind.manifest_key},
         "artifacts": report.files,
         # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.

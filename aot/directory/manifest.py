@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,23 +80,7 @@ def describe_files(root: Path, earlier: dict[str, FileDigest] | None = None) -> 
     return {relative: {"sha256": d.sha256, "bytes": d.bytes} for relative, d in hash_files(root, earlier).items()}
 
 
-# Lines of the manifest's deployment section that a unit reads from the files it wrote, by key: a unit whose files a
-# forked child writes (the ONNX model's genai_config.json) cannot hand the parent what the child decided, so the
-# parent asks it here, from the directory as written, when the manifest is written.
-_DEPLOYMENT_NOTES: dict[str, Callable[[Path], str]] = {}
-
-
-def register_deployment_note(key: str, note: Callable[[Path], str]) -> None:
-    """``note(directory)`` gives the deployment section's ``key`` line; another function for a taken key is an error."""
-    if _DEPLOYMENT_NOTES.setdefault(key, note) is not note:
-        raise ValueError(f"deployment note '{key}' is registered already ({_DEPLOYMENT_NOTES[key].__qualname__})")
-
-
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
-    """``manifest.json`` in ``root``; a manifest with a deployment section gets the registered notes' lines in it."""
-    deployment = manifest.get("deployment")
-    if isinstance(deployment, dict) and _DEPLOYMENT_NOTES:
-        manifest = {**manifest, "deployment": {**deployment, **{key: note(root) for key, note in _DEPLOYMENT_NOTES.items()}}}
     path = root / MANIFEST_NAME
     path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return path

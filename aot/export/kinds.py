@@ -85,6 +85,11 @@ class ArtifactKind:
         """What the manifest records under :attr:`manifest_key`, from what the writer returned (None: not built)."""
         return None
 
+    def deployment_notes(self, directory: Path) -> dict[str, str]:
+        """Lines for the manifest's deployment section, read from what the kind wrote in ``directory`` (a kind
+        written by a forked child cannot hand back what the child decided, so it is read from the files)."""
+        return {}
+
     def open(self, directory: Path, options: OpenOptions) -> Runnable:
         raise NotImplementedError
 

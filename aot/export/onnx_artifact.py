@@ -7,7 +7,7 @@ stages (:mod:`aot.builder.onnx_stage`): :func:`aot.export.onnx_export.write_onnx
 that the build hashes both with the kind's other files. Its post-write rewrites are :mod:`aot.export.onnx_optimize`'s;
 they keep the model's inputs and outputs, which are all the genai config reads of it. What the manifest's deployment
 section says of the genai config (written, or why not) is read again from the directory when the manifest is
-written (:func:`aot.directory.manifest.register_deployment_note`): the child that decided cannot hand it back.
+written (:meth:`OnnxKind.deployment_notes`): the child that decided cannot hand it back.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from aot.directory.manifest import register_deployment_note
 from aot.recipe.schema import OnnxSpec
 
 from .genai_folder import GENAI_CONFIG, NOTE_KEY, deployment_note, write_genai_config
@@ -39,8 +38,6 @@ def write_onnx(gm: torch.fx.GraphModule, path: Path, *args: Any, **options: Any)
         written.paths.append(path.parent / GENAI_CONFIG)
     return written
 
-
-register_deployment_note(NOTE_KEY, deployment_note)
 
 
 def float16_in_export(spec: OnnxSpec) -> bool:
@@ -116,6 +113,9 @@ class OnnxKind(ArtifactKind):
     written_beside = True  # the longest write: forked at the export's start, joined after the others (onnx_stage)
 
     tolerance = "onnx_tolerance"  # ONNX Runtime's kernels: the recipe may hold them to their own atol/rtol
+
+    def deployment_notes(self, directory: Path) -> dict[str, str]:
+        return {NOTE_KEY: deployment_note(directory)}  # the genai config: written, or why not
 
     def open(self, directory: Path, options: OpenOptions) -> OnnxRunnable:
         return OnnxRunnable(directory / ONNX_FILE, options.decoder, options.threads)

@@ -20,7 +20,7 @@ import torch
 
 from aot.builder.spine import build
 from aot.directory.integrity import verify_directory
-from aot.directory.manifest import describe_files, register_deployment_note
+from aot.directory.manifest import describe_files
 from aot.export.genai_folder import GENAI_CONFIG, GENAI_DECODER_TYPES, genai_folder, write_genai_config
 from aot.run.built_model import load
 
@@ -249,9 +249,14 @@ def test_the_generation_config_gives_the_ids_and_the_search_defaults(tmp_path):
     assert "early_stopping" not in search  # "never" is transformers' alone
 
 
-def test_the_deployment_note_key_is_taken_once():
-    with pytest.raises(ValueError, match="deployment note 'genai' is registered already"):
-        register_deployment_note("genai", lambda directory: "another line")
+def test_only_the_onnx_kind_says_what_genai_makes_of_the_directory(tmp_path):
+    from aot.export.kinds import artifact_kinds
+
+    kinds = list(artifact_kinds())
+    assert len(kinds) >= 3  # precondition: the registry's kinds, not a hand-kept list
+    notes = {kind.name: kind.deployment_notes(tmp_path) for kind in kinds}
+    assert set(notes["onnx"]) == {"genai"} and notes["onnx"]["genai"].startswith(f"no {GENAI_CONFIG}: ")
+    assert all(lines == {} for name, lines in notes.items() if name != "onnx")
 
 
 def _genai_model_error(directory: Path) -> str:
