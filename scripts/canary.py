@@ -77,7 +77,9 @@ def _wanted(name: str, lowest: bool) -> str:
 def _suite(python: Path, full: bool) -> dict:
     started = time.monotonic()
     tier = "full" if full else "artifact"  # tests/conftest.py's --tier: CI's selection, or every test (the coverage table stays opt-in)
-    run = subprocess.run([str(python), "-m", "pytest", "-q", "--tier", tier, "-p", "no:cacheprovider"],
+    # CI's two workers for CI's tier; the full tier's full-size builds run one at a time (two would not fit in memory).
+    workers = [] if full else ["-n", "2", "--dist", "loadfile"]
+    run = subprocess.run([str(python), "-m", "pytest", "-q", "--tier", tier, *workers, "-p", "no:cacheprovider"],
                          cwd=REPO, capture_output=True, text=True)
     summary = next((line.strip("= ") for line in reversed(run.stdout.splitlines()) if re.search(r"\d+ (passed|failed|error)", line)), "")
     failed = [line.split(" ", 1)[1].split(" - ")[0] for line in run.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
