@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from aot.directory.manifest import cpu_model  # the name every manifest records
 
 REPO = Path(__file__).resolve().parents[1]
 BARS = {"directory": 0.25, "s3": 0.35}
@@ -64,13 +65,6 @@ def _s3_server() -> tuple[object, str]:
     return server, endpoint
 
 
-def _cpu() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe", type=Path, nargs="?", default=REPO / "recipes" / "bert.yaml")
@@ -100,7 +94,7 @@ def main() -> int:
         server.stop()
     cold = statistics.median(seconds["cold"])
     print(f"\n{args.recipe.name} {' '.join('--set ' + o for o in args.overrides)}, {args.rounds} rounds, "
-          f"CPU: {_cpu()}, {os.cpu_count()} cores; each build a fresh process, wall clock")
+          f"CPU: {cpu_model()}, {os.cpu_count()} cores; each build a fresh process, wall clock")
     print("| build | seconds (median) | / cold | bar |\n|---|---|---|---|")
     print(f"| cold | {cold:.2f} | 1.00x | |")
     failed = False

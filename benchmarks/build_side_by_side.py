@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from aot.directory.manifest import cpu_model  # the name every manifest records
 
 
 def _environment(spec: str) -> dict[str, str]:
@@ -47,13 +48,6 @@ def _build(recipe: Path, environment: dict[str, str], workdir: Path) -> dict[str
     return {"seconds": run["stages_s"]["total"], "peak_mib": run["memory"]["peak_rss_mib"]}
 
 
-def _cpu() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe", type=Path)
@@ -72,7 +66,7 @@ def main() -> int:
                 results[name].append(figures)
                 print(f"round {round_index + 1} {name}: {figures['seconds']:.2f} s, peak {figures['peak_mib']:.0f} MiB", flush=True)
     (first, _), (second, _) = checkouts
-    print(f"\n{args.recipe.name}, {args.rounds} rounds, CPU: {_cpu()}, {os.cpu_count()} cores")
+    print(f"\n{args.recipe.name}, {args.rounds} rounds, CPU: {cpu_model()}, {os.cpu_count()} cores")
     print("| checkout | build s (median) | peak MiB (median) |\n|---|---|---|")
     for name, figures in results.items():
         print(f"| {name} | {statistics.median(f['seconds'] for f in figures):.2f} | {statistics.median(f['peak_mib'] for f in figures):.0f} |")
