@@ -70,9 +70,14 @@ def test_the_tiers_grow_and_no_test_is_in_two():
     assert per_tier["artifact"] > 0 and per_tier["full"] > 0, per_tier
 
 
-def test_a_test_in_two_tiers_is_refused_at_collection(pytester):
+def _a_project_with_our_tiers(pytester) -> None:
+    """A pytester project that takes this suite's --tier option and collection hook, and declares its markers."""
     pytester.makeconftest("from tests.conftest import pytest_addoption, pytest_collection_modifyitems")
     pytester.makeini("[pytest]\nmarkers =\n    artifact: a\n    full: b\n    coverage_table: c\n")
+
+
+def test_a_test_in_two_tiers_is_refused_at_collection(pytester):
+    _a_project_with_our_tiers(pytester)
     pytester.makepyfile(
         "import pytest\n\n"
         "def test_fast(): pass\n\n"
@@ -94,8 +99,7 @@ def test_a_test_in_two_tiers_is_refused_at_collection(pytester):
 def test_each_tier_gets_its_time_limit_unless_the_run_gives_one(pytester):
     from tests.conftest import TIER_TIMEOUTS
 
-    pytester.makeconftest("from tests.conftest import pytest_addoption, pytest_collection_modifyitems")
-    pytester.makeini("[pytest]\nmarkers =\n    artifact: a\n    full: b\n    coverage_table: c\n")
+    _a_project_with_our_tiers(pytester)
     pytester.makepyfile(
         "import pytest\n\n"
         "def test_fast(): pass\n\n"
