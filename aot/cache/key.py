@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import platform
@@ -32,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import canonicalize_name
 
+from aot.compat.window import installed_distributions, installed_version
 from aot.directory.manifest import sha256_file
 from aot.recipe.plan import BuildPlan
 
@@ -143,17 +142,7 @@ def aot_source_digest() -> dict[str, str]:
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         digest.update(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n".encode())
-    return {"version": _version_of("aot"), "source_sha256": digest.hexdigest()}
-
-
-def installed_distributions() -> dict[str, str]:
-    """``{normalised name: version}`` of every installed distribution; the first of a name on sys.path wins, as for imports."""
-    versions: dict[str, str] = {}
-    for distribution in importlib.metadata.distributions():
-        name = distribution.metadata["Name"]
-        if name:
-            versions.setdefault(canonicalize_name(name), distribution.version)
-    return dict(sorted(versions.items()))
+    return {"version": installed_version("aot"), "source_sha256": digest.hexdigest()}
 
 
 def platform_of(device: str) -> dict[str, Any]:
@@ -178,10 +167,3 @@ def platform_of(device: str) -> dict[str, Any]:
             "capability": list(torch.cuda.get_device_capability(index)),
         }
     return facts
-
-
-def _version_of(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None

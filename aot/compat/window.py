@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,17 @@ def installed_version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def installed_distributions() -> dict[str, str]:
+    """``{normalised name: version}`` of every installed distribution; the first of a name on sys.path wins, as for
+    imports (the build cache's key and the provenance's dependencies both name them)."""
+    versions: dict[str, str] = {}
+    for distribution in importlib.metadata.distributions():
+        name = distribution.metadata["Name"]
+        if name:
+            versions.setdefault(canonicalize_name(name), distribution.version)
+    return dict(sorted(versions.items()))
 
 
 def outside_window() -> list[str]:

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.metadata
 import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
+
+from aot.compat.window import installed_distributions
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -71,16 +72,6 @@ def purl(name: str, version: str) -> str:
 def utc(moment: datetime) -> str:
     """RFC 3339 in UTC, to the second, as SLSA's timestamps are written."""
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def installed_distributions() -> dict[str, str]:
-    """``{normalised name: version}`` of every distribution this interpreter can import from (first on sys.path wins)."""
-    found: dict[str, str] = {}
-    for distribution in importlib.metadata.distributions():
-        name = distribution.metadata["Name"]
-        if name:
-            found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), distribution.version)
-    return dict(sorted(found.items()))
 
 
 def provenance_statement(manifest: dict[str, Any], manifest_name: str, manifest_sha256: str, model: SignedModel,
