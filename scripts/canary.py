@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from environments import REPO, WATCHED, installed_versions, lower_bounds, make_venv, pip
+from environments import REPO, WATCHED, install_aot, installed_versions, lower_bounds, make_venv, pip
 
 # What a recipe on a CUDA device needs, and how to tell whether this machine has it.
 _CUDA_DEVICE = re.compile(r"^\s+device:\s*cuda", re.MULTILINE)
@@ -43,7 +43,7 @@ def main() -> int:
     # Newest: the watched libraries at their newest. Lowest: every declared dependency at its lower bound.
     names = list(lower_bounds()) if arguments.lowest else list(WATCHED)
     wanted = [f"{name}=={pins[name]}" if name in pins else _wanted(name, arguments.lowest) for name in names]
-    pip(python, "install", "--quiet", "-e", f"{REPO}[test]")
+    install_aot(python, editable=True)
     # Then past pyproject's window on purpose: the newest releases are what a fresh install will meet next.
     pip(python, "install", "--quiet", "--upgrade", *wanted, uncapped=not arguments.lowest)
     versions = installed_versions(python)

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -64,6 +65,24 @@ def pip(python: Path, *arguments: str, uncapped: bool = False) -> None:
         environment["PIP_CONFIG_FILE"] = os.devnull
         environment.pop("PIP_CONSTRAINT", None)
     subprocess.run([str(python), "-m", "pip", *arguments], check=True, env=environment)
+
+
+def install_aot(python: Path, *, editable: bool) -> None:
+    """``pip install REPO[test]`` into ``python``'s environment, with botocore held where aiobotocore puts it.
+
+    aiobotocore (under s3fs) admits three botocore releases; moto needs boto3, whose newest release needs the
+    newest botocore. Left to itself, pip walks back through boto3's releases one at a time (over 15 minutes
+    here, 2026-11-28, and the canary never got past it). So s3fs, at what pyproject's ``s3`` extra admits, goes
+    in first, and the botocore it brought is held while the rest resolves (30 s).
+    """
+    s3 = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["s3"]
+    pip(python, "install", "--quiet", *s3)
+    with tempfile.NamedTemporaryFile("w", prefix="aot-botocore-", suffix=".txt", delete=False) as hold:
+        hold.write(f"botocore=={installed_versions(python)['botocore']}\n")
+    try:
+        pip(python, "install", "--quiet", "-c", hold.name, *(["-e"] if editable else []), f"{REPO}[test]")
+    finally:
+        os.unlink(hold.name)
 
 
 def installed_versions(python: Path) -> dict[str, str]:

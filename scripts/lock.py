@@ -17,7 +17,7 @@ import datetime
 import tempfile
 from pathlib import Path
 
-from environments import LOCK, REPO, canonical, installed_versions, make_venv, pip
+from environments import LOCK, REPO, install_aot, installed_versions, make_venv, pip
 
 _NOT_LOCKED = {"aot", "pip", "setuptools", "wheel"}
 
@@ -29,7 +29,7 @@ def main() -> None:
     arguments = parser.parse_args()
     python = make_venv(arguments.venv)
     pip(python, "install", "--quiet", f"torch=={arguments.torch}")
-    pip(python, "install", "--quiet", f"{REPO}[test]")
+    install_aot(python, editable=False)
     versions = installed_versions(python)
     lines = [
         "# The exact versions aot is tested and built with. Written by scripts/lock.py; do not edit by hand.",

@@ -4,13 +4,16 @@
 
     {"format": 1, "key": "<64 hex>", "name": "tiny", "created": "2026-11-28T17:40:00Z",
      "manifest_sha256": "<64 hex>",
-     "files": {"manifest.json": {"sha256": "<64 hex>", "bytes": 15362}, "model.onnx": {...}, ...},
+     "files": {"manifest.json": {"sha256": "<64 hex>", "bytes": 15362},
+               "model.onnx.data": {"sha256": "<64 hex>", "bytes": 437933056,
+                                   "chunk_bytes": 16777216, "chunks": ["<64 hex>", ... 27 of them]}, ...},
      "report": {... the build's report, as aot build --json prints it ...},
      "inputs": {... the key's document: what was hashed, to tell why two builds missed each other ...}}
 
-Every file of the build directory is a blob named by its sha256. Read back, an entry is checked before any of
+Every file of the build directory is a blob named by its sha256, or, when it is larger than a chunk, the
+blobs of its chunks in order (:mod:`aot.cache.chunks`). Read back, an entry is checked before any of
 its paths is used: a path must stay inside the directory it is restored into, and a digest must be 64 hex
-digits (it names a blob in the store).
+digits (it names a blob in the store), and a file's chunks must cover exactly its bytes.
 """
 
 from __future__ import annotations
@@ -22,17 +25,33 @@ from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any
 
+from aot.cache.chunks import chunk_count, chunk_span
 from aot.cache.errors import CorruptEntry
 from aot.directory.manifest import MANIFEST_NAME
 
-ENTRY_FORMAT = 1
+ENTRY_FORMAT = 2  # 2: chunks
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
 class StoredFile:
-    sha256: str  # its blob's name
+    sha256: str  # the file's; its blob's name when it has no chunks
     bytes: int
+    chunks: tuple[str, ...] = ()  # the blobs of its chunks, in order; none: one blob
+    chunk_bytes: int = 0  # each chunk's size (the last is shorter)
+
+    @property
+    def blobs(self) -> dict[str, int]:
+        """``{blob name: its size}`` of what holds this file in the store."""
+        if not self.chunks:
+            return {self.sha256: self.bytes}
+        return {digest: chunk_span(index, self.bytes, self.chunk_bytes)[1] for index, digest in enumerate(self.chunks)}
+
+    def to_json(self) -> dict[str, Any]:
+        described: dict[str, Any] = {"sha256": self.sha256, "bytes": self.bytes}
+        if self.chunks:
+            described.update(chunk_bytes=self.chunk_bytes, chunks=list(self.chunks))
+        return described
 
 
 @dataclass(frozen=True)
@@ -56,7 +75,7 @@ class CacheEntry:
             "name": self.name,
             "created": self.created.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "manifest_sha256": self.manifest_sha256,
-            "files": {relative: {"sha256": f.sha256, "bytes": f.bytes} for relative, f in sorted(self.files.items())},
+            "files": {relative: stored.to_json() for relative, stored in sorted(self.files.items())},
             "report": self.report,
             "inputs": self.inputs,
         }
@@ -110,4 +129,10 @@ def _stored(value: Any, relative: str) -> StoredFile:
     size = value["bytes"]
     if not isinstance(size, int) or size < 0:
         raise ValueError(f"files['{relative}'] has no byte count")
-    return StoredFile(_digest(value["sha256"], f"files['{relative}'].sha256"), size)
+    digest = _digest(value["sha256"], f"files['{relative}'].sha256")
+    if "chunks" not in value:
+        return StoredFile(digest, size)
+    chunk_bytes, chunks = value["chunk_bytes"], value["chunks"]
+    if not isinstance(chunk_bytes, int) or chunk_bytes <= 0 or not isinstance(chunks, list) or len(chunks) != chunk_count(size, chunk_bytes):
+        raise ValueError(f"files['{relative}']: its chunks do not cover its {size} bytes")
+    return StoredFile(digest, size, tuple(_digest(chunk, f"files['{relative}'].chunks") for chunk in chunks), chunk_bytes)

@@ -46,7 +46,7 @@ def prune(store: CacheStore, older_than: timedelta | None = None, keep: int | No
             report.entries_removed.append(listed.key)
         else:
             report.entries_kept += 1
-            referenced.update(stored.sha256 for stored in listed.entry.files.values())
+            referenced.update(digest for stored in listed.entry.files.values() for digest in stored.blobs)
     for path in store.blob_files():
         if PurePosixPath(path).name in referenced or now - store.modified(path) <= blob_grace:
             report.blobs_kept += 1

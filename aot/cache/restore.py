@@ -13,18 +13,15 @@ here (:mod:`aot.directory.consent`): a cache is data from elsewhere, and a hit i
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from aot.cache.entry import CacheEntry
-from aot.cache.errors import CacheUnavailable, CorruptEntry
+from aot.cache.errors import CorruptEntry
 from aot.cache.store import CacheStore
 from aot.directory.integrity import verify_directory
 from aot.directory.manifest import MANIFEST_NAME, sha256_file
 from aot.directory.outdir import staged_directory
 from aot.errors import AotError, first_line
-
-log = logging.getLogger(__name__)
 
 
 def restore_entry(store: CacheStore, entry: CacheEntry, target: Path) -> int:
@@ -44,7 +41,7 @@ def _verify(store: CacheStore, entry: CacheEntry, staging: Path, where: str) -> 
     except AotError as error:
         wrong = _blobs_not_their_name(entry, staging)
         if wrong:
-            _remove_blobs(store, sorted({entry.files[relative].sha256 for relative in wrong}))
+            store.forget_blobs(sorted({entry.files[relative].sha256 for relative in wrong}))
             named = ", ".join(f"{entry.files[relative].sha256} ({relative})" for relative in wrong)
             raise CorruptEntry(f"{where}: blob {named} does not hold the bytes its name says (removed from the store)") from None
         message = first_line(error).replace(f"{staging.resolve()}/", "").replace(f"{staging}/", "")
@@ -52,18 +49,11 @@ def _verify(store: CacheStore, entry: CacheEntry, staging: Path, where: str) -> 
     for relative, stored in entry.files.items():
         recorded = integrity.sha256_of(relative) if relative != MANIFEST_NAME else stored.sha256
         if recorded != stored.sha256:
-            raise CorruptEntry(f"{where}: names blob {stored.sha256} for {relative}, whose {MANIFEST_NAME} records {recorded}")
+            raise CorruptEntry(f"{where}: records {stored.sha256} for {relative}, whose {MANIFEST_NAME} records {recorded}")
 
 
 def _blobs_not_their_name(entry: CacheEntry, staging: Path) -> list[str]:
+    """The files held by one blob whose restored bytes are not that blob's name (chunks were checked as fetched)."""
     return [relative for relative, stored in sorted(entry.files.items())
-            if not (staging / relative).is_file() or sha256_file(staging / relative) != stored.sha256]
+            if not stored.chunks and (not (staging / relative).is_file() or sha256_file(staging / relative) != stored.sha256)]
 
-
-def _remove_blobs(store: CacheStore, digests: list[str]) -> None:
-    """Best effort: a blob left there is still refused to every reader, as here."""
-    for digest in digests:
-        try:
-            store.remove_blob(digest)
-        except CacheUnavailable as error:
-            log.debug("could not remove blob %s: %s", digest, error)

@@ -2,8 +2,9 @@
 
 What is stored is proved first with aot's own check (:func:`aot.directory.integrity.verify_directory`): every
 file listed in the manifest and as hashed, nothing else; the entry lists exactly those files, by the digests the
-manifest records, so a restore checks the same bytes the build validated. A blob already in the store at its
-size is not sent again (another build, or another key, made the same file).
+manifest records, so a restore checks the same bytes the build validated. A file larger than the store's chunk
+size is stored as its chunks (:mod:`aot.cache.chunks`). A blob already in the store at its size is not sent
+again (another build, or another key, made the same file or chunk).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from aot.cache.chunks import CHUNK_WINDOW, read_chunks
 from aot.cache.entry import CacheEntry, StoredFile
 from aot.cache.key import BuildKey
 from aot.cache.store import CacheStore
@@ -22,12 +24,33 @@ from aot.directory.manifest import MANIFEST_NAME
 def save_build(store: CacheStore, key: BuildKey, directory: Path, name: str, report: dict[str, Any]) -> CacheEntry:
     """Store ``directory`` (a build's, just verified) under ``key``; its blobs first, its entry last."""
     integrity = verify_directory(directory)
-    files = {relative: StoredFile(recorded["sha256"], recorded["bytes"]) for relative, recorded in integrity.manifest["artifacts"].items()}
-    files[MANIFEST_NAME] = StoredFile(integrity.manifest_sha256, (directory / MANIFEST_NAME).stat().st_size)
-    for relative, stored in sorted(files.items()):
-        if not store.has_blob(stored):
-            store.put_blob(directory / relative, stored)
+    recorded = {relative: (described["sha256"], described["bytes"]) for relative, described in integrity.manifest["artifacts"].items()}
+    recorded[MANIFEST_NAME] = (integrity.manifest_sha256, (directory / MANIFEST_NAME).stat().st_size)
+    files = {}
+    for relative, (sha256, size) in sorted(recorded.items()):
+        if size > store.chunk_bytes:
+            files[relative] = StoredFile(sha256, size, _put_chunks(store, directory / relative), store.chunk_bytes)
+        else:
+            files[relative] = StoredFile(sha256, size)
+            if not store.has_blob(sha256, size):
+                store.put_blob(directory / relative, sha256)
     entry = CacheEntry(key=key.digest, name=name, created=datetime.now(timezone.utc).replace(microsecond=0),
                        manifest_sha256=integrity.manifest_sha256, files=files, report=report, inputs=key.document)
     store.write_entry(entry)
     return entry
+
+
+def _put_chunks(store: CacheStore, path: Path) -> tuple[str, ...]:
+    """The chunks of ``path`` that the store lacks, sent a window at a time; the digests of all of them, in order."""
+    digests: list[str] = []
+    pending: dict[str, bytes] = {}
+    for digest, data in read_chunks(path, store.chunk_bytes):
+        digests.append(digest)
+        if digest not in pending and not store.has_blob(digest, len(data)):
+            pending[digest] = data
+        if len(pending) == CHUNK_WINDOW:
+            store.put_blobs(pending)
+            pending = {}
+    if pending:
+        store.put_blobs(pending)
+    return tuple(digests)

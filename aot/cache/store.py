@@ -2,7 +2,7 @@
 
 ::
 
-    URL/blobs/ab/ab12…(64 hex)      a build directory's file, named by the sha256 of its bytes
+    URL/blobs/ab/ab12…(64 hex)      a build directory's file, or a chunk of a large one, named by the sha256 of its bytes
     URL/entries/<64 hex key>.json   what one key built (:mod:`aot.cache.entry`)
 
 A build writes its blobs first and its entry last, so a reader finds an entry only once every blob it names is
@@ -20,6 +20,7 @@ Every call into fsspec goes through :meth:`CacheStore._reaching`: a backend rais
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
@@ -30,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from aot.cache.chunks import CHUNK_BYTES, CHUNK_WINDOW, chunk_span
 from aot.cache.entry import CacheEntry, StoredFile, parse_entry
 from aot.cache.errors import CacheUnavailable, CorruptEntry
 from aot.errors import RecipeError, first_line
@@ -60,13 +62,14 @@ def storage_options(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
 class CacheStore:
     """One cache, at ``url``; :meth:`open` it."""
 
-    def __init__(self, fs: Any, root: str, url: str):
+    def __init__(self, fs: Any, root: str, url: str, chunk_bytes: int = CHUNK_BYTES):
         self.fs, self.root, self.url = fs, root.rstrip("/"), url
+        self.chunk_bytes = chunk_bytes  # a larger file is stored as chunks of this size
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         self._whole_objects = bool(protocols & _WHOLE_OBJECT_PROTOCOLS)
 
     @classmethod
-    def open(cls, url: str | Path, options: Mapping[str, Any] | None = None) -> CacheStore:
+    def open(cls, url: str | Path, options: Mapping[str, Any] | None = None, chunk_bytes: int = CHUNK_BYTES) -> CacheStore:
         """The store at ``url``, created where it is missing; CacheUnavailable when it cannot be reached or made."""
         import fsspec
 
@@ -75,7 +78,7 @@ class CacheStore:
             fs, root = fsspec.core.url_to_fs(url, **dict(options or {}))
         except Exception as error:  # an unknown protocol (ValueError), a backend not installed (ImportError), bad options
             raise CacheUnavailable(f"{url}: {type(error).__name__}: {first_line(error)}") from None
-        store = cls(fs, root, url)
+        store = cls(fs, root, url, chunk_bytes)
         with store._reaching("cannot open the cache"):
             fs.makedirs(store.root, exist_ok=True)  # also the first request: an unreachable store says so here
         return store
@@ -127,30 +130,83 @@ class CacheStore:
 
     # -- blobs
 
-    def has_blob(self, stored: StoredFile) -> bool:
-        """Whether the blob is there at its size (its bytes are checked by whoever restores it)."""
+    def has_blob(self, digest: str, size: int) -> bool:
+        """Whether blob ``digest`` is there at ``size`` bytes (its bytes are checked by whoever restores it)."""
         with self._reaching("cannot look up a blob"):
             try:
-                return self.fs.size(self.blob_path(stored.sha256)) == stored.bytes
+                return self.fs.size(self.blob_path(digest)) == size
             except FileNotFoundError:
                 return False
 
-    def put_blob(self, local: Path, stored: StoredFile) -> None:
-        with self._reaching(f"cannot write blob {stored.sha256}"):
-            self._publish(self.blob_path(stored.sha256), lambda path: self.fs.put_file(str(local), path))
+    def put_blob(self, local: Path, digest: str) -> None:
+        """The file ``local`` as blob ``digest``."""
+        with self._reaching(f"cannot write blob {digest}"):
+            self._publish(self.blob_path(digest), lambda path: self.fs.put_file(str(local), path))
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """``{digest: bytes}`` as blobs; in one call where uploads appear whole (s3fs sends them concurrently)."""
+        with self._reaching(f"cannot write blob {next(iter(blobs), '')}"):
+            if self._whole_objects:
+                self.fs.pipe({self.blob_path(digest): data for digest, data in blobs.items()})
+                return
+            for digest, data in blobs.items():
+                self._publish(self.blob_path(digest), lambda path, data=data: self.fs.pipe_file(path, data))
 
     def fetch(self, files: Mapping[str, StoredFile], into: Path, where: str) -> None:
-        """Each blob of ``files`` to ``into / relative``; CorruptEntry naming ``where`` and the blobs that are missing."""
-        relatives = sorted(files)
-        for relative in relatives:
+        """Each file of ``files`` to ``into / relative``, from its blob or its chunks' blobs.
+
+        CorruptEntry names ``where`` and the blob that is missing, or the chunk whose bytes are not its name
+        (removed from the store). The files' own digests are left to the caller's check.
+        """
+        for relative in files:
             (into / relative).parent.mkdir(parents=True, exist_ok=True)
+        whole = sorted(relative for relative, stored in files.items() if not stored.chunks)
         with self._reaching("cannot fetch the blobs"):
             try:
                 # One call: fsspec fetches them concurrently where the backend can (s3fs does).
-                self.fs.get([self.blob_path(files[r].sha256) for r in relatives], [str(into / r) for r in relatives])
+                self.fs.get([self.blob_path(files[r].sha256) for r in whole], [str(into / r) for r in whole])
             except FileNotFoundError:
-                missing = [f"{files[r].sha256} ({r})" for r in relatives if not self.fs.exists(self.blob_path(files[r].sha256))]
+                missing = [f"{files[r].sha256} ({r})" for r in whole if not self.fs.exists(self.blob_path(files[r].sha256))]
                 raise CorruptEntry(f"{where}: blob {', '.join(missing) or 'of a file'} missing from the store") from None
+            chunked = {relative: stored for relative, stored in files.items() if stored.chunks}
+            self._fetch_chunks(chunked, into, where)
+
+    def _fetch_chunks(self, files: Mapping[str, StoredFile], into: Path, where: str) -> None:
+        """Every chunk of ``files``, a window of them at a time, each checked against its name and written in place."""
+        pieces = [(relative, index, digest) for relative, stored in sorted(files.items()) for index, digest in enumerate(stored.chunks)]
+        handles = {}
+        try:
+            for relative, stored in sorted(files.items()):
+                handles[relative] = open(into / relative, "wb")
+                handles[relative].truncate(stored.bytes)
+            for start in range(0, len(pieces), CHUNK_WINDOW):
+                window = pieces[start : start + CHUNK_WINDOW]
+                fetched = self.fs.cat(sorted({self.blob_path(digest) for _, _, digest in window}), on_error="return")
+                for relative, index, digest in window:
+                    stored = files[relative]
+                    offset, length = chunk_span(index, stored.bytes, stored.chunk_bytes)
+                    data = fetched.get(self.blob_path(digest))
+                    if isinstance(data, FileNotFoundError) or data is None:
+                        raise CorruptEntry(f"{where}: blob {digest} (chunk {index} of {relative}) missing from the store")
+                    if isinstance(data, BaseException):
+                        raise data
+                    if len(data) != length or hashlib.sha256(data).hexdigest() != digest:
+                        self.forget_blobs([digest])
+                        raise CorruptEntry(f"{where}: blob {digest} (chunk {index} of {relative}) does not hold the bytes "
+                                           "its name says (removed from the store)")
+                    handles[relative].seek(offset)
+                    handles[relative].write(data)
+        finally:
+            for handle in handles.values():
+                handle.close()
+
+    def forget_blobs(self, digests: list[str]) -> None:
+        """Remove blobs that are not their name, best effort: one left there is still refused to every reader."""
+        for digest in digests:
+            try:
+                self.remove_blob(digest)
+            except CacheUnavailable as error:  # the store went away: the corrupt blob is what to report
+                log.debug("could not remove blob %s: %s", digest, error)
 
     def remove_blob(self, digest: str) -> None:
         with self._reaching(f"cannot remove blob {digest}"):

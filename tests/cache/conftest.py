@@ -63,7 +63,8 @@ def closed_port() -> int:
 def fake_build(root: Path, seed: str = "a") -> Path:
     """A directory that passes aot's integrity check as a build's does (files listed in a manifest), built in ms."""
     (root / "graph_module").mkdir(parents=True)
-    (root / "graph_module" / "weights.safetensors").write_bytes(hashlib.sha256(seed.encode()).digest() * 512)
+    weights = b"".join(hashlib.sha256(f"{seed} {row}".encode()).digest() for row in range(512))  # 16 KiB, no two pieces alike
+    (root / "graph_module" / "weights.safetensors").write_bytes(weights)
     (root / "model.onnx").write_bytes(b"onnx " + seed.encode() * 100)
     (root / "config.json").write_text('{"model_type": "bert"}\n')  # the same in every fake build: a shared blob
     manifest = {"manifest_version": 1, "name": f"fake-{seed}", "recipe": {"path": "fake.yaml", "sha256": "0" * 64},

@@ -24,9 +24,14 @@ from aot.errors import RecipeError
 from tests.cache.conftest import closed_port, fake_build, fake_key, tree_bytes
 
 
+# The fake builds' weights (16 KiB) are stored as chunks of this size, the last one shorter; the other files whole.
+CHUNK_BYTES = 5000
+WEIGHTS = "graph_module/weights.safetensors"
+
+
 def _saved(store_location, tmp_path: Path, seed: str = "a") -> tuple[CacheStore, CacheEntry, Path]:
     url, options = store_location
-    store = CacheStore.open(url, options)
+    store = CacheStore.open(url, options, chunk_bytes=CHUNK_BYTES)
     built = fake_build(tmp_path / f"built-{seed}", seed)
     entry = save_build(store, fake_key(seed), built, f"fake-{seed}", {"name": f"fake-{seed}"})
     return store, entry, built
@@ -36,6 +41,10 @@ def test_a_stored_build_restores_byte_identical(store_location, tmp_path):
     store, entry, built = _saved(store_location, tmp_path)
     assert len(entry.key) == 64 and store.read_entry(entry.key) == entry  # the whole digest names it
     assert store.fs.exists(store.blob_path(entry.files["model.onnx"].sha256))
+    weights = entry.files[WEIGHTS]
+    assert len(weights.chunks) == 4 and weights.chunk_bytes == CHUNK_BYTES and not entry.files["model.onnx"].chunks
+    assert [store.fs.size(store.blob_path(digest)) for digest in weights.chunks] == [5000, 5000, 5000, 1384]
+    assert not store.fs.exists(store.blob_path(weights.sha256)), "a chunked file has no blob of its own"
     target = tmp_path / "restored"
     assert not target.exists()  # precondition
     assert restore_entry(store, entry, target) == 4
@@ -45,17 +54,23 @@ def test_a_stored_build_restores_byte_identical(store_location, tmp_path):
 
 def test_storing_again_sends_only_new_blobs(store_location, tmp_path):
     url, options = store_location
-    store = CacheStore.open(url, options)
+    store = CacheStore.open(url, options, chunk_bytes=CHUNK_BYTES)
     sent = []
-    put_blob = store.put_blob
-    store.put_blob = lambda local, stored: (sent.append(local.name), put_blob(local, stored))  # a spy: the upload still runs
+    put_blob, put_blobs = store.put_blob, store.put_blobs  # spies: the uploads still run
+    store.put_blob = lambda local, digest: (sent.append(local.name), put_blob(local, digest))
+    store.put_blobs = lambda blobs: (sent.extend(f"chunk {len(data)}" for data in blobs.values()), put_blobs(blobs))
     first = save_build(store, fake_key("a"), fake_build(tmp_path / "a", "a"), "a", {})
-    assert sorted(sent) == ["config.json", "manifest.json", "model.onnx", "weights.safetensors"]  # precondition
+    chunks = ["chunk 1384", "chunk 5000", "chunk 5000", "chunk 5000"]
+    assert sorted(sent) == [*chunks, "config.json", "manifest.json", "model.onnx"]  # precondition
+    sent.clear()
+    again = save_build(store, fake_key("a2"), fake_build(tmp_path / "a2", "a"), "a2", {})
+    assert again.files[WEIGHTS] == first.files[WEIGHTS], "precondition: the same weights"
+    assert sent == [], "a build whose files and chunks are all stored sends nothing"
     sent.clear()
     second = save_build(store, fake_key("b"), fake_build(tmp_path / "b", "b"), "b", {})
     assert second.files["config.json"] == first.files["config.json"], "precondition: one file the same in both"
-    assert sorted(sent) == ["manifest.json", "model.onnx", "weights.safetensors"]
-    assert store.entry_keys() == sorted([first.key, second.key])
+    assert sorted(sent) == [*chunks, "manifest.json", "model.onnx"]
+    assert store.entry_keys() == sorted([first.key, again.key, second.key])
 
 
 @pytest.mark.parametrize("relative", ["model.onnx", "manifest.json"])
@@ -72,14 +87,53 @@ def test_a_blob_that_is_not_its_digest_is_refused_and_removed(store_location, tm
     assert not [p for p in tmp_path.iterdir() if ".aot-tmp-" in p.name]
 
 
-def test_an_entry_whose_blob_is_missing_is_refused(store_location, tmp_path):
+@pytest.mark.parametrize("relative", ["model.onnx", WEIGHTS])
+def test_an_entry_whose_blob_is_missing_is_refused(store_location, tmp_path, relative):
     store, entry, _ = _saved(store_location, tmp_path)
-    digest = entry.files["graph_module/weights.safetensors"].sha256
+    stored = entry.files[relative]
+    digest = stored.chunks[2] if stored.chunks else stored.sha256
     store.remove_blob(digest)
     target = tmp_path / "restored"
-    with pytest.raises(CorruptEntry, match=rf"blob {digest} \(graph_module/weights\.safetensors\) missing"):
+    named = "chunk 2 of " + relative if stored.chunks else relative
+    with pytest.raises(CorruptEntry, match=rf"blob {digest} \({re.escape(named)}\) missing from the store"):
         restore_entry(store, entry, target)
     assert not target.exists()
+    assert not [p for p in tmp_path.iterdir() if ".aot-tmp-" in p.name]
+
+
+@pytest.mark.parametrize("size", ["same", "shorter"])
+def test_a_chunk_that_is_not_its_digest_is_refused_and_removed(store_location, tmp_path, size):
+    store, entry, _ = _saved(store_location, tmp_path)
+    digest = entry.files[WEIGHTS].chunks[1]
+    assert len(set(entry.files[WEIGHTS].chunks)) == 4  # precondition: this chunk is no other's
+    store.fs.pipe_file(store.blob_path(digest), b"X" * (CHUNK_BYTES if size == "same" else 10))
+    target = tmp_path / "restored"
+    with pytest.raises(CorruptEntry, match=rf"blob {digest} \(chunk 1 of {WEIGHTS}\) does not hold the bytes its name says"):
+        restore_entry(store, entry, target)
+    assert not target.exists()
+    assert not store.fs.exists(store.blob_path(digest))
+    assert store.fs.exists(store.blob_path(entry.files[WEIGHTS].chunks[0])), "the good chunks stay"
+
+
+def test_chunks_that_do_not_make_the_file_are_refused(tmp_path):
+    store, entry, _ = _saved((str(tmp_path / "cache"), {}), tmp_path)
+    weights = entry.files[WEIGHTS]
+    swapped = (weights.chunks[1], weights.chunks[0], *weights.chunks[2:])  # each chunk its name, the file not its digest
+    wrong = CacheEntry(entry.key, entry.name, entry.created, entry.manifest_sha256,
+                       {**entry.files, WEIGHTS: StoredFile(weights.sha256, weights.bytes, swapped, weights.chunk_bytes)},
+                       entry.report, entry.inputs)
+    with pytest.raises(CorruptEntry, match=rf"its files disagree with its manifest.json: {WEIGHTS}: .*sha256"):
+        restore_entry(store, wrong, tmp_path / "restored")
+    assert all(store.fs.exists(store.blob_path(digest)) for digest in weights.chunks), "no chunk is blamed"
+
+
+def test_an_entry_whose_chunks_do_not_cover_the_file_is_refused(tmp_path):
+    store, entry, _ = _saved((str(tmp_path / "cache"), {}), tmp_path)
+    document = entry.to_json()
+    document["files"][WEIGHTS]["chunks"].pop()
+    store.fs.pipe_file(store.entry_path(entry.key), json.dumps(document).encode())
+    with pytest.raises(CorruptEntry, match=rf"files\['{WEIGHTS}'\]: its chunks do not cover its 16384 bytes"):
+        store.read_entry(entry.key)
 
 
 def test_an_unreadable_entry_is_refused_naming_it(store_location, tmp_path):
@@ -94,7 +148,7 @@ def test_files_that_disagree_with_their_manifest_are_refused(tmp_path):
     extra = built / "notes.txt"
     extra.write_text("not in the manifest\n")
     digest = hashlib.sha256(extra.read_bytes()).hexdigest()
-    store.put_blob(extra, StoredFile(digest, extra.stat().st_size))
+    store.put_blob(extra, digest)
     padded = CacheEntry(entry.key, entry.name, entry.created, entry.manifest_sha256,
                         {**entry.files, "notes.txt": StoredFile(digest, extra.stat().st_size)}, entry.report, entry.inputs)
     with pytest.raises(CorruptEntry, match=r"its files disagree with its manifest.json: notes.txt: not listed"):
@@ -133,7 +187,7 @@ def test_cache_options_are_yaml_values():
 
 def test_prune_removes_old_entries_then_the_blobs_no_entry_names(store_location, tmp_path):
     url, options = store_location
-    store = CacheStore.open(url, options)
+    store = CacheStore.open(url, options, chunk_bytes=CHUNK_BYTES)
     now = datetime.now(timezone.utc).replace(microsecond=0)
     entries = {}
     for age_days, seed in ((0, "new"), (3, "mid"), (10, "old")):
@@ -144,19 +198,19 @@ def test_prune_removes_old_entries_then_the_blobs_no_entry_names(store_location,
     broken = fake_key("broken").digest
     store.fs.pipe_file(store.entry_path(broken), b"not json")
     blobs_before = len(store.blob_files())
-    assert len(store.entry_keys()) == 4 and blobs_before == 3 * 4 - 2  # precondition: config.json is one shared blob
+    assert len(store.entry_keys()) == 4 and blobs_before == 3 * 6 + 1  # precondition: per build a manifest, model.onnx and 4 chunks; config.json shared
 
     report = prune(store, older_than=timedelta(days=5), blob_grace=timedelta(0))
     assert sorted(report.entries_removed) == sorted([entries["old"].key, broken])
     assert store.entry_keys() == sorted([entries["new"].key, entries["mid"].key])
-    assert report.blobs_removed == 3 and len(store.blob_files()) == blobs_before - 3  # old's own blobs only
+    assert report.blobs_removed == 6 and len(store.blob_files()) == blobs_before - 6  # old's own blobs only
     assert store.fs.exists(store.blob_path(entries["old"].files["config.json"].sha256)), "a blob others name stays"
 
     report = prune(store, keep=1, blob_grace=timedelta(hours=1))
     assert report.entries_removed == [entries["mid"].key]
     assert report.blobs_removed == 0, "blobs younger than the grace stay: a build may be storing them"
     report = prune(store, keep=1, blob_grace=timedelta(0))
-    assert report.blobs_removed == 3 and report.entries_kept == 1
+    assert report.blobs_removed == 6 and report.entries_kept == 1
     new = tmp_path / "restored"
     restore_entry(store, entries["new"], new)  # what remains still restores
     assert tree_bytes(new) == tree_bytes(tmp_path / "new")
