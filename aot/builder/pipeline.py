@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -25,9 +25,13 @@ class PassRecord:
     preserves_computation: bool
     seconds: float
     notes: list[str]
+    findings: dict = field(default_factory=dict)  # what the pass measured and chose; left out of the JSON when empty
 
     def to_json(self) -> dict:
-        return asdict(self)
+        described = asdict(self)
+        if not self.findings:
+            del described["findings"]
+        return described
 
 
 def run_pipeline(
@@ -70,6 +74,7 @@ def run_pipeline(
                 preserves_computation=bool(transformation.preserves_computation),
                 seconds=round(seconds, 4),
                 notes=list(result.notes),
+                findings=result.findings,
             )
         )
         if after_each is not None:

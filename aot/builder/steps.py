@@ -29,7 +29,7 @@ from aot.cuda_graphs import cuda_graph_spec
 from aot.errors import ExportError
 from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases, text_lines
 from aot.models import load_model, load_tokenizer
-from aot.passes.base import CALIBRATION_KEY
+from aot.passes.base import CALIBRATION_KEY, FIDELITY_TARGET_KEY
 from aot.recipe.plan import BuildPlan, CalibrationPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
 from aot.recipe.schema import OnnxSpec
 from aot.gates.accuracy import make_gate
@@ -149,12 +149,14 @@ def transform(plan: PassesPlan, work: Work, report: BuildReport) -> None:
     graph = work.graph
     if plan.calibration is not None:
         graph.meta[CALIBRATION_KEY] = _calibration_inputs(plan.calibration, work.model)
+        graph.meta[FIDELITY_TARGET_KEY] = dict(plan.calibration.fidelity_target)
     try:
         work.graph, report.passes = run_pipeline(graph, list(plan.passes), after_each=unchanged_eager_model)
     finally:  # the texts are the passes' alone: no artifact keeps them
-        graph.meta.pop(CALIBRATION_KEY, None)
-        if work.graph is not None:
-            work.graph.meta.pop(CALIBRATION_KEY, None)
+        for key in (CALIBRATION_KEY, FIDELITY_TARGET_KEY):
+            graph.meta.pop(key, None)
+            if work.graph is not None:
+                work.graph.meta.pop(key, None)
     widened = widen_leftover_linears(work.graph)  # narrow weights (model.weights_dtype) no pass replaced
     if widened:
         work.graph.meta.setdefault("trace_report", {}).setdefault("notes", []).append(

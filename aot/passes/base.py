@@ -59,6 +59,8 @@ TRANSFORMS_KEY = "aot_transforms"
 REVERSE_KEY = "aot_reverse"
 #: graph_module.meta key of the inputs a pass that calibrates runs the graph on: keyword dicts, as the graph is called
 CALIBRATION_KEY = "aot_calibration_inputs"
+#: graph_module.meta key of the recipe's fidelity gate, for a pass that keeps it: {"kl_mean", "kl_max", "top1_agreement"}
+FIDELITY_TARGET_KEY = "aot_fidelity_target"
 
 
 class PassFailure(PassError):
@@ -101,6 +103,7 @@ class PassResult:
     matched: int = 0
     changed: int = 0
     notes: list[str] = field(default_factory=list)
+    findings: dict[str, Any] = field(default_factory=dict)  # what the pass measured and chose (JSON), for the manifest
 
 
 @dataclass
@@ -108,6 +111,7 @@ class _Report:
     matched: int = 0
     changed: int = 0
     notes: list[str] = field(default_factory=list)
+    findings: dict[str, Any] = field(default_factory=dict)
 
 
 def _snake_case(name: str) -> str:
@@ -284,6 +288,11 @@ class Transformation(metaclass=_TransformationType):
         which the build gives it from the recipe's ``generation.calibration``)."""
         return False
 
+    def needs_fidelity_target(self) -> bool:
+        """Whether this pass, with its options, keeps the recipe's fidelity gate while it works
+        (``graph_module.meta[FIDELITY_TARGET_KEY]``, from ``generation.fidelity``)."""
+        return False
+
     @abstractmethod
     def transform(self, graph_module: GraphModule) -> GraphModule:
         """Transforms ``graph_module`` (in place where possible) and returns it."""
@@ -339,7 +348,7 @@ class Transformation(metaclass=_TransformationType):
         if lint_and_recompile:
             lint_and_recompile_graph(result, self.name)
         modified = result is not graph_module or graph_fingerprint(result) != before
-        return PassResult(result, modified, report.matched, report.changed, list(report.notes))
+        return PassResult(result, modified, report.matched, report.changed, list(report.notes), dict(report.findings))
 
     # -- reverse bookkeeping ----------------------------------------------------------
 

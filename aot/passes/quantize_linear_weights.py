@@ -21,6 +21,13 @@ row (int8)::
     int8:              s = max|w| / 127,  q = clamp(round(w / s), -127, 127),   z = 0
     y = x · ((q - z) · s)^T + b
 
+**Grids per layer.** ``layers`` maps ``fnmatch`` patterns on module paths to a grid of their own, the first
+pattern that names a layer winning (``{"*down_proj": {bits: 8}, "*self_attn*": {bits: 4, group_size: 64}}``);
+other layers take ``bits`` and ``group_size``. With ``auto: true`` they take instead, per layer kind
+(``model.layers.*.mlp.down_proj``), the candidate of ``auto_grids`` with the fewest bytes that keeps the recipe's
+fidelity gate, measured on its calibration texts (:mod:`aot.passes._grid_search`); the choice and every figure
+behind it go to the pass's findings in the manifest.
+
 ``method: gptq`` keeps the grid and picks the codes by GPTQ instead (:mod:`aot.passes._gptq`):
 each layer's weights are rounded one input column at a time, each column's error made up by the
 columns after it, weighted by ``H = Σ x xᵀ`` of the inputs the layer sees on the recipe's
@@ -62,15 +69,19 @@ from aot.errors import PassError
 from aot.runtime.weight_only_linear import WeightOnlyLinear
 
 from ._gptq import gptq_quantize
+from ._grid_search import FidelityProbe, KindChoice, choose_grids
 from ._input_hessians import calibration_inputs, input_hessians
 from ._modules import set_submodule
 from ._quantizable_linears import LinearLayer, describe, linear_layers, quantizable_miss
+from ._weight_grids import DEFAULT_AUTO_GRIDS, LayerGrid, grid_fits, layer_kind, named_grid, stored_bytes
+from .base import FIDELITY_TARGET_KEY
 from .registry import register_pass
 from .rule import Match, RewriteRule
 
 logger = logging.getLogger(__name__)
 
 HESSIAN_KEY = "aot_input_hessian"  # node.meta of a layer's first call: its H, from calibration to its rewrite
+GRID_KEY = "aot_weight_grid"  # node.meta of a layer's first call: auto's choice of its grid, until its rewrite
 
 
 @register_pass("quantize_linear_weights", frontends=("fx",))
@@ -131,6 +142,26 @@ class QuantizeLinearWeights(RewriteRule):
             default=[],  # pydantic copies it per instance; a literal default is what `aot passes` prints
             description="fnmatch patterns on module paths (e.g. 'model.layers.0.*') of linear layers to keep in float32.",
         )
+        layers: dict[str, LayerGrid] = Field(
+            default={},
+            description="fnmatch patterns on module paths, each with its own grid ({bits: 8}, or {bits: 4, group_size: 64}); "
+            "the first pattern that names a layer wins, the others take `bits` and `group_size` (or auto's choice). "
+            "`symmetric` and `zero_point` hold for every int4 grid.",
+        )
+        auto: bool = Field(
+            default=False,
+            description="Choose each layer kind's grid (model.layers.*.mlp.down_proj...) among `auto_grids`: the fewest "
+            "bytes whose weights, measured on the recipe's calibration texts, keep `auto_margin` of its fidelity gate "
+            "(generation.fidelity). Layers `layers` names keep their grid. The choice and its figures go to the manifest.",
+        )
+        auto_grids: list[LayerGrid] = Field(
+            default=DEFAULT_AUTO_GRIDS, min_length=1, description="auto: the candidate grids.",
+        )
+        auto_margin: float = Field(
+            default=0.5, gt=0, le=1, allow_inf_nan=False,
+            description="auto: the share of the fidelity gate the rounded weights may spend, measured in float32; the "
+            "rest is left to each artifact's rounding of the activations.",
+        )
 
         @model_validator(mode="after")
         def _float_zero_points_are_asymmetric_int4(self):
@@ -139,11 +170,17 @@ class QuantizeLinearWeights(RewriteRule):
             return self
 
     def needs_calibration(self) -> bool:
-        return self.options.method == "gptq"
+        return self.options.method == "gptq" or self.options.auto
+
+    def needs_fidelity_target(self) -> bool:
+        return self.options.auto
 
     def transform(self, graph_module: GraphModule) -> GraphModule:
         if self.needs_calibration() and not calibration_inputs(graph_module):
-            raise PassError("method gptq needs calibration texts to run the graph on: add generation.calibration to the recipe")
+            needing = "auto" if self.options.auto else "method gptq"
+            raise PassError(f"{needing} needs calibration texts to run the graph on: add generation.calibration to the recipe")
+        if self.options.auto:
+            self._choose_grids(graph_module)
         return super().transform(graph_module)
 
     def candidates(self, graph_module: GraphModule) -> Iterator[Match[LinearLayer]]:
@@ -157,26 +194,87 @@ class QuantizeLinearWeights(RewriteRule):
         miss = quantizable_miss(graph_module, layer, self.options.skip, "weight-only quantisation")
         if miss:
             return Match.fail(miss)
-        in_features = graph_module.get_submodule(target).in_features
-        if self.options.bits == 4 and in_features % self.options.group_size:
-            return Match.fail(f"{describe(layer)}: {in_features} input features are no whole number of groups of {self.options.group_size}")
-        if self.options.bits == 8 and in_features % 16:
-            return Match.fail(f"{describe(layer)}: {in_features} input features are no multiple of 16, the smallest MatMulNBits block")
+        miss = grid_fits(self._grid(layer), graph_module.get_submodule(target).in_features)
+        if miss:
+            return Match.fail(f"{describe(layer)}: {miss}")
         return Match.ok(layer)
 
     def rewrite(self, graph_module: GraphModule, layer: LinearLayer) -> None:
         target, nodes = layer
         linear = graph_module.get_submodule(target)
-        options = self.options
-        symmetric = options.symmetric or options.bits == 8  # int8 is symmetric, one scale per output channel
+        options, grid = self.options, self._grid(layer)
+        symmetric = options.symmetric or grid.bits == 8  # int8 is symmetric, one scale per output channel
+        zero_point = options.zero_point if not symmetric else "integer"
         quantized = None
         if options.method == "gptq":  # H is handed over, not kept here: gptq_quantize frees it as it goes
-            quantized = gptq_quantize(linear.weight, self._hessian(graph_module, layer), options.bits, options.group_size,
-                                      symmetric, options.damping, options.act_order, options.zero_point == "float")
-        set_submodule(graph_module, target, WeightOnlyLinear.from_linear(linear, options.bits, options.group_size, symmetric,
-                                                                         options.activations, quantized, options.zero_point))
+            quantized = gptq_quantize(linear.weight, self._hessian(graph_module, layer), grid.bits, grid.groups,
+                                      symmetric, options.damping, options.act_order, zero_point == "float")
+        set_submodule(graph_module, target, WeightOnlyLinear.from_linear(linear, grid.bits, grid.groups, symmetric,
+                                                                         options.activations, quantized, zero_point))
+        nodes[0].meta.pop(GRID_KEY, None)
         for node in nodes:
             self.mark_as_transformed(node)
+
+    def _grid(self, layer: LinearLayer) -> LayerGrid:
+        """The layer's grid: the first ``layers`` pattern naming it, else auto's choice, else ``bits``/``group_size``."""
+        target, nodes = layer
+        named = named_grid(target, self.options.layers)
+        if named is not None:
+            return named[1]
+        if GRID_KEY in nodes[0].meta:
+            return nodes[0].meta[GRID_KEY]
+        return LayerGrid(bits=self.options.bits, group_size=self.options.group_size if self.options.bits == 4 else None)
+
+    def _choose_grids(self, graph_module: GraphModule) -> None:
+        """auto: each kind's grid, chosen by measured fidelity (:mod:`aot.passes._grid_search`), in its layers' ``meta``."""
+        target = graph_module.meta.get(FIDELITY_TARGET_KEY) or {}
+        if not target:
+            raise PassError("auto needs a fidelity gate to keep: generation.fidelity with max_kl_mean, max_kl or min_top1_agreement")
+        target = {name: value * self.options.auto_margin if name != "top1_agreement" else 1 - (1 - value) * self.options.auto_margin
+                  for name, value in target.items()}
+        layers = [found.value for found in linear_layers(graph_module)
+                  if found and named_grid(found.value[0], self.options.layers) is None and self._quantizable(graph_module, found.value)]
+        heads = [layer for layer in linear_layers(graph_module) if layer and layer.value[0].split(".")[-1] == "lm_head"]
+        if len(heads) != 1:
+            raise PassError("auto scores next-token distributions: it needs the decoder's output projection, a layer named lm_head")
+        kinds: dict[str, KindChoice] = {}
+        for target_path, nodes in layers:
+            linear = graph_module.get_submodule(target_path)
+            kind = kinds.setdefault(layer_kind(target_path), KindChoice([], [], {}, {}))
+            kind.layers.append(target_path)
+            kind.grids = [grid for grid in self.options.auto_grids if grid_fits(grid, linear.in_features) is None
+                          and (not kind.grids or grid in kind.grids)]
+        for name, kind in list(kinds.items()):
+            if not kind.grids:
+                self.note(f"auto: no candidate grid fits the layers of kind '{name}': they take bits and group_size")
+                del kinds[name]
+                continue
+            for grid in kind.grids:
+                kind.bytes[grid.label] = sum(stored_bytes(graph_module.get_submodule(layer), grid, self.options.symmetric,
+                                                          self.options.zero_point) for layer in kind.layers)
+            kind.grids.sort(key=lambda grid: kind.bytes[grid.label])
+        probe = FidelityProbe(graph_module, calibration_inputs(graph_module), heads[0].value[0], self.options.symmetric, self.options.zero_point)
+        measured, tries = choose_grids(probe, kinds, target)
+        if measured.share(target) > 1:
+            self.note(f"auto: the chosen grids measure {measured} against the target {target}: the fidelity gate decides")
+        for (target_path, nodes) in layers:
+            kind = kinds.get(layer_kind(target_path))
+            if kind is not None:
+                nodes[0].meta[GRID_KEY] = kind.grid
+        float_bytes = sum(graph_module.get_submodule(layer).weight.numel() * 4 for kind in kinds.values() for layer in kind.layers)
+        self.report.findings["auto"] = {
+            "target": {name: round(value, 6) for name, value in target.items()}, "margin": self.options.auto_margin,
+            "texts": len(probe.inputs), "positions": probe.positions,
+            "kinds": {name: kind.to_json() for name, kind in kinds.items()},
+            "tries": tries, "measured": measured.to_json(),
+            "bytes": sum(kind.bytes[kind.grid.label] for kind in kinds.values()), "float32_bytes": float_bytes,
+        }
+
+    def _quantizable(self, graph_module: GraphModule, layer: LinearLayer) -> bool:
+        target, _ = layer
+        if not self.options.lm_head and target.split(".")[-1] == "lm_head":
+            return False
+        return quantizable_miss(graph_module, layer, self.options.skip, "weight-only quantisation") is None
 
     def _hessian(self, graph_module: GraphModule, layer: LinearLayer):
         """``layer``'s H, taken (with those of the layers after it that fit in ``gptq_memory_mib``) when first asked for."""

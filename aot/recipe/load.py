@@ -164,6 +164,15 @@ def fidelity_gate(loaded: LoadedRecipe) -> FidelitySpec | None:
     return generation.fidelity if generation is not None else None
 
 
+def fidelity_target(loaded: LoadedRecipe) -> dict[str, float]:
+    """The thresholds of the recipe's fidelity gate a pass may keep while it chooses (by the names its scores use)."""
+    gate = fidelity_gate(loaded)
+    if gate is None:
+        return {}
+    thresholds = {"kl_mean": gate.max_kl_mean, "kl_max": gate.max_kl, "top1_agreement": gate.min_top1_agreement}
+    return {name: value for name, value in thresholds.items() if value is not None}
+
+
 def _check_generation(loaded: LoadedRecipe) -> None:
     """A KV-cache step takes inputs made from the model, and is traced by torch.export."""
     if fidelity_gate(loaded) is not None and not loaded.recipe.generation.cache:
@@ -215,6 +224,17 @@ def _check_calibration(loaded: LoadedRecipe) -> None:
     if tokenizer_directory(loaded) is None:
         raise loaded.error(("generation", "calibration", "texts"), "texts need a tokenizer: model.pretrained, or "
                            "generation.tokenizer for a model built from a config")
+    _check_fidelity_target(loaded)
+
+
+def _check_fidelity_target(loaded: LoadedRecipe) -> None:
+    """A pass that keeps the fidelity gate while it chooses has one to keep."""
+    from aot.passes import registry
+
+    for location, spec in _pass_steps(loaded):
+        if registry.get(spec.name).create(spec.options).needs_fidelity_target() and not fidelity_target(loaded):
+            raise loaded.error(location, f"pass '{spec.name}' chooses grids that keep the fidelity gate: add "
+                               "generation.fidelity with max_kl_mean, max_kl or min_top1_agreement to the recipe")
 
 
 def passes_changing_computation(loaded: LoadedRecipe) -> list[tuple[Location, PassSpec]]:

@@ -25,11 +25,11 @@ without the field the recipe names) carries the recipe location it came from: a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aot.recipe.load import (LoadedRecipe, fidelity_gate, is_decoder_with_cache, passes_changing_computation,
+from aot.recipe.load import (LoadedRecipe, fidelity_gate, fidelity_target, is_decoder_with_cache, passes_changing_computation,
                              passes_needing_calibration)
 from aot.recipe.locator import Located, RecipeLocator
 from aot.recipe.ranges import SequenceDemand, sequence_demands, shape_case_dims
@@ -81,6 +81,9 @@ class CalibrationPlan:
     texts_path: Path
     tokenizer: Located
     locator: RecipeLocator
+    # generation.fidelity's thresholds, for a pass that keeps them while it chooses (quantize_linear_weights' auto):
+    # {"kl_mean": max_kl_mean, "kl_max": max_kl, "top1_agreement": min_top1_agreement}, those the recipe sets
+    fidelity_target: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,8 @@ def _gate_plan(loaded: LoadedRecipe) -> GatePlan | None:
 def _calibration_plan(loaded: LoadedRecipe) -> CalibrationPlan | None:
     if not passes_needing_calibration(loaded):
         return None  # texts no pass fits to are not even tokenised
-    return CalibrationPlan(loaded.recipe.generation.calibration, loaded.calibration_texts_path, loaded.tokenizer, loaded.locator)
+    return CalibrationPlan(loaded.recipe.generation.calibration, loaded.calibration_texts_path, loaded.tokenizer, loaded.locator,
+                           fidelity_target(loaded))
 
 
 def _generation_plan(loaded: LoadedRecipe, tolerance: Tolerance) -> GenerationPlan:
