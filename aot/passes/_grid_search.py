@@ -96,14 +96,13 @@ class FidelityProbe:
         """``(positions, vocabulary)`` float32 logits of each input."""
         head = self.graph_module.get_submodule(self.head)
         with torch.no_grad():
-            for inputs in self.inputs:
-                hidden = _Capture(self.graph_module, self.hidden).capture(
-                    *[inputs[node.target] if node.target in inputs else node.args[0] for node in self.placeholders])
+            for hidden in _run_in_lockstep(self.graph_module, self.hidden, self.inputs, self.placeholders):
                 yield head(hidden.reshape(-1, hidden.shape[-1])).float()
 
     @contextmanager
     def _rounded(self, grids: Mapping[str, LayerGrid]) -> Iterator[None]:
-        """Each layer of ``grids`` multiplies by its weight as rounded to its grid (quantised once, widened per call)."""
+        """Each layer of ``grids`` multiplies by its weight as rounded to its grid: quantised once, widened to float32
+        once a run (every input takes a node in turn, :func:`_run_in_lockstep`), and let go after it."""
         patched = []
         try:
             for target, grid in grids.items():
@@ -111,7 +110,7 @@ class FidelityProbe:
                 symmetric = self.symmetric or grid.bits == 8
                 rounded = WeightOnlyLinear.from_linear(linear, grid.bits, grid.groups, symmetric, "float",
                                                        zero_point=self.zero_point if not symmetric else "integer")
-                linear.forward = lambda x, rounded=rounded, bias=linear.bias: F.linear(x, rounded.dequantized_weight().to(x.dtype), bias)
+                linear.forward = _RoundedForward(rounded, linear.bias)
                 patched.append(linear)
             yield
         finally:
@@ -119,30 +118,48 @@ class FidelityProbe:
                 del linear.forward  # the class's forward again
 
 
-class _Captured(Exception):
-    def __init__(self, value: torch.Tensor):
-        self.value = value
+class _RoundedForward:
+    """``x · Wᵀ + b`` with ``W`` a rounded layer's float32 weight, widened at its first call and kept until ``release``."""
+
+    def __init__(self, rounded: WeightOnlyLinear, bias: torch.Tensor | None):
+        self.rounded, self.bias, self.weight = rounded, bias, None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            self.weight = self.rounded.dequantized_weight()
+        return F.linear(x, self.weight.to(x.dtype), self.bias)
+
+    def release(self) -> None:
+        self.weight = None
 
 
-class _Capture(Interpreter):
-    """Runs the graph until ``node`` is computed, and returns its value (the rest of the graph is not run)."""
-
-    def __init__(self, graph_module: GraphModule, node: Node):
-        super().__init__(graph_module)
-        self.node = node
-
-    def run_node(self, n: Node):
-        value = super().run_node(n)
-        if n is self.node:
-            raise _Captured(value)
-        return value
-
-    def capture(self, *args) -> torch.Tensor:
-        try:
-            self.run(*args)
-        except _Captured as captured:
-            return captured.value
-        raise PassError(f"auto: the graph never computed '{self.node.name}', the output projection's input")
+def _run_in_lockstep(graph_module: GraphModule, stop: Node, inputs: list[dict[str, torch.Tensor]], placeholders: list[Node]) -> list[torch.Tensor]:
+    """``stop``'s value for each of ``inputs``: the graph run node by node, each node for every input in turn, up to
+    ``stop``. A rounded layer's weight is widened once for all inputs and let go after its node (one layer's float32
+    weight at a time); each value is freed after its last reader, as fx's Interpreter does."""
+    runs = [Interpreter(graph_module) for _ in inputs]
+    for run, given in zip(runs, inputs):
+        run.args_iter = iter([given[node.target] if node.target in given else node.args[0] for node in placeholders])
+    last_readers: dict[Node, list[Node]] = {}
+    seen: set[Node] = set()
+    for node in reversed(graph_module.graph.nodes):
+        for read in node.all_input_nodes:
+            if read not in seen:
+                seen.add(read)
+                last_readers.setdefault(node, []).append(read)
+    for node in graph_module.graph.nodes:
+        for run in runs:
+            run.env[node] = run.run_node(node)
+            for read in last_readers.get(node, ()):
+                if read is not stop:
+                    del run.env[read]
+        if node.op == "call_module":
+            forward = getattr(graph_module.get_submodule(node.target), "forward", None)
+            if isinstance(forward, _RoundedForward):
+                forward.release()
+        if node is stop:
+            return [run.env[stop] for run in runs]
+    raise PassError(f"auto: the graph never computed '{stop.name}', the output projection's input")
 
 
 def _head_input(graph_module: GraphModule, head: str) -> Node:
