@@ -11,7 +11,8 @@ API Bazel speaks does the same for large blobs (``SplitBlob``/``SpliceBlob``). W
   16 MiB, fetched a window at a time, are fast on every fsspec backend, ranged reads or not.
 - **Memory stays bounded**: a restore holds one window of chunks (:data:`CHUNK_WINDOW`), whatever the size of
   the file (an 8B model's weights are 16 GB).
-- A chunk's name checks its bytes, so a corrupt one is found and removed alone.
+- A chunk's name checks its bytes: when a restored file fails its check, the corrupt chunk is found and removed
+  alone.
 
 The chunk size is recorded in each entry, so a restore never depends on this module's current value.
 """

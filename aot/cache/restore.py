@@ -13,8 +13,10 @@ here (:mod:`aot.directory.consent`): a cache is data from elsewhere, and a hit i
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
+from aot.cache.chunks import chunk_span
 from aot.cache.entry import CacheEntry
 from aot.cache.errors import CorruptEntry
 from aot.cache.store import CacheStore
@@ -41,8 +43,8 @@ def _verify(store: CacheStore, entry: CacheEntry, staging: Path, where: str) -> 
     except AotError as error:
         wrong = _blobs_not_their_name(entry, staging)
         if wrong:
-            store.forget_blobs(sorted({entry.files[relative].sha256 for relative in wrong}))
-            named = ", ".join(f"{entry.files[relative].sha256} ({relative})" for relative in wrong)
+            store.forget_blobs(sorted({digest for digest, _ in wrong}))
+            named = ", ".join(f"{digest} ({what})" for digest, what in wrong)
             raise CorruptEntry(f"{where}: blob {named} does not hold the bytes its name says (removed from the store)") from None
         message = first_line(error).replace(f"{staging.resolve()}/", "").replace(f"{staging}/", "")
         raise CorruptEntry(f"{where}: its files disagree with its {MANIFEST_NAME}: {message}") from None
@@ -52,8 +54,20 @@ def _verify(store: CacheStore, entry: CacheEntry, staging: Path, where: str) -> 
             raise CorruptEntry(f"{where}: records {stored.sha256} for {relative}, whose {MANIFEST_NAME} records {recorded}")
 
 
-def _blobs_not_their_name(entry: CacheEntry, staging: Path) -> list[str]:
-    """The files held by one blob whose restored bytes are not that blob's name (chunks were checked as fetched)."""
-    return [relative for relative, stored in sorted(entry.files.items())
-            if not stored.chunks and (not (staging / relative).is_file() or sha256_file(staging / relative) != stored.sha256)]
-
+def _blobs_not_their_name(entry: CacheEntry, staging: Path) -> list[tuple[str, str]]:
+    """``(blob, what it held)`` for each blob whose restored bytes are not its name: a file's, or a chunk's, read back
+    from where it was written (only once a file failed its check: a hit hashes each byte once)."""
+    wrong = []
+    for relative, stored in sorted(entry.files.items()):
+        path = staging / relative
+        if not stored.chunks:
+            if not path.is_file() or sha256_file(path) != stored.sha256:
+                wrong.append((stored.sha256, relative))
+            continue
+        with open(path, "rb") as file:
+            for index, digest in enumerate(stored.chunks):
+                offset, length = chunk_span(index, stored.bytes, stored.chunk_bytes)
+                file.seek(offset)
+                if hashlib.sha256(file.read(length)).hexdigest() != digest:
+                    wrong.append((digest, f"chunk {index} of {relative}"))
+    return wrong

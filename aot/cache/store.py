@@ -20,10 +20,11 @@ Every call into fsspec goes through :meth:`CacheStore._reaching`: a backend rais
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import os
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -155,8 +156,9 @@ class CacheStore:
     def fetch(self, files: Mapping[str, StoredFile], into: Path, where: str) -> None:
         """Each file of ``files`` to ``into / relative``, from its blob or its chunks' blobs.
 
-        CorruptEntry names ``where`` and the blob that is missing, or the chunk whose bytes are not its name
-        (removed from the store). The files' own digests are left to the caller's check.
+        CorruptEntry names ``where`` and the blob that is missing, or the chunk that is not its size (removed from
+        the store). The bytes are left to the caller's check of each file against its digest, which finds a wrong
+        chunk without hashing every chunk a second time (:func:`aot.cache.restore.restore_entry`).
         """
         for relative in files:
             (into / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -172,33 +174,44 @@ class CacheStore:
             self._fetch_chunks(chunked, into, where)
 
     def _fetch_chunks(self, files: Mapping[str, StoredFile], into: Path, where: str) -> None:
-        """Every chunk of ``files``, a window of them at a time, each checked against its name and written in place."""
+        """Every chunk of ``files``, a window of them at a time, each checked for its size and written in place.
+
+        A thread writes one window while the next is fetched: writing is page-cache allocation, fetching is the
+        network (or another disk), and each releases the GIL. At most two windows are held.
+        """
         pieces = [(relative, index, digest) for relative, stored in sorted(files.items()) for index, digest in enumerate(stored.chunks)]
-        handles = {}
+        descriptors: dict[str, int] = {}
+        writing: Future | None = None
         try:
-            for relative, stored in sorted(files.items()):
-                handles[relative] = open(into / relative, "wb")
-                handles[relative].truncate(stored.bytes)
-            for start in range(0, len(pieces), CHUNK_WINDOW):
-                window = pieces[start : start + CHUNK_WINDOW]
-                fetched = self.fs.cat(sorted({self.blob_path(digest) for _, _, digest in window}), on_error="return")
-                for relative, index, digest in window:
-                    stored = files[relative]
-                    offset, length = chunk_span(index, stored.bytes, stored.chunk_bytes)
-                    data = fetched.get(self.blob_path(digest))
-                    if isinstance(data, FileNotFoundError) or data is None:
-                        raise CorruptEntry(f"{where}: blob {digest} (chunk {index} of {relative}) missing from the store")
-                    if isinstance(data, BaseException):
-                        raise data
-                    if len(data) != length or hashlib.sha256(data).hexdigest() != digest:
-                        self.forget_blobs([digest])
-                        raise CorruptEntry(f"{where}: blob {digest} (chunk {index} of {relative}) does not hold the bytes "
-                                           "its name says (removed from the store)")
-                    handles[relative].seek(offset)
-                    handles[relative].write(data)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aot-cache-write") as writer:
+                for relative, stored in sorted(files.items()):
+                    descriptors[relative] = os.open(into / relative, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    os.ftruncate(descriptors[relative], stored.bytes)
+                for start in range(0, len(pieces), CHUNK_WINDOW):
+                    window = pieces[start : start + CHUNK_WINDOW]
+                    fetched = self.fs.cat(sorted({self.blob_path(digest) for _, _, digest in window}), on_error="return")
+                    writes = []
+                    for relative, index, digest in window:
+                        stored = files[relative]
+                        offset, length = chunk_span(index, stored.bytes, stored.chunk_bytes)
+                        data = fetched.get(self.blob_path(digest))
+                        if isinstance(data, FileNotFoundError) or data is None:
+                            raise CorruptEntry(f"{where}: blob {digest} (chunk {index} of {relative}) missing from the store")
+                        if isinstance(data, BaseException):
+                            raise data
+                        if len(data) != length:
+                            self.forget_blobs([digest])
+                            raise CorruptEntry(f"{where}: blob {digest} (chunk {index} of {relative}) does not hold the "
+                                               "bytes its name says (removed from the store)")
+                        writes.append((descriptors[relative], data, offset))
+                    if writing is not None:
+                        writing.result()  # the window before is written (or its error raised) before another is queued
+                    writing = writer.submit(_write_at, writes)
+                if writing is not None:
+                    writing.result()
         finally:
-            for handle in handles.values():
-                handle.close()
+            for descriptor in descriptors.values():
+                os.close(descriptor)
 
     def forget_blobs(self, digests: list[str]) -> None:
         """Remove blobs that are not their name, best effort: one left there is still refused to every reader."""
@@ -257,3 +270,11 @@ class CacheStore:
         except Exception as error:  # whatever the backend raises (see the module docstring)
             log.debug("%s: %s", self.url, what, exc_info=True)
             raise CacheUnavailable(f"{self.url}: {what}: {type(error).__name__}: {first_line(error)}") from None
+
+
+def _write_at(writes: list[tuple[int, bytes, int]]) -> None:
+    """``(descriptor, data, offset)``: each written whole at its offset."""
+    for descriptor, data, offset in writes:
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(descriptor, view, offset + len(data) - len(view)) :]

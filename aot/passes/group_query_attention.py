@@ -49,7 +49,6 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from aot.compat.torch_private import statically_known_true
 
 from ._nodes import argument, infer_val, inherit_provenance, is_call, set_argument, tensor_val
 from .registry import register_pass
@@ -191,6 +190,10 @@ def _check_shapes(attention: Node, query, key: _Repeated, value: _Repeated, mask
         return f"the {unknown[0] if unknown else 'output'} shape is unknown (no meta['val'])"
     if any(val.dim() != 4 for val in values.values()):
         return "its query, keys, values and mask are not all four-dimensional"
+    # Imported here: torch's symbolic shapes (and sympy) take a second to import, which every aot command that reads
+    # the pass registry would pay (a build restored from the cache included).
+    from aot.compat.torch_private import statically_known_true
+
     heads = values["query"].shape[1]
     if not statically_known_true(heads == values["key"].shape[1] * key.times):
         return f"{heads} query heads are not {key.times} per key/value head"

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import torch
 from torch.fx import GraphModule, Node
-from aot.compat.torch_private import statically_known_true
 
 from ._nodes import replace_with, tensor_val
 from .registry import register_pass
@@ -70,6 +69,8 @@ def _is_reshape(node) -> bool:
 
 
 def _same_shape(left, right) -> bool:
+    from aot.compat.torch_private import statically_known_true  # a second to import: only once a pass runs
+
     if len(left) != len(right):
         return False
     return all(a is b or statically_known_true(a == b) for a, b in zip(left, right))

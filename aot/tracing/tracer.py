@@ -43,7 +43,6 @@ from typing import Any
 
 import torch
 import torch.fx
-from aot.compat.torch_private import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode, GuardOnDataDependentSymNode, ShapeEnv
 from torch.fx.node import Node, map_arg
 
 from aot.errors import TraceError
@@ -101,6 +100,10 @@ class HFTracer(torch.fx.Tracer):
         # The leaf functions are autowrapped too, so that fx can re-trace a saved GraphModule's code.
         super().__init__(autowrap_modules=(math,), autowrap_functions=tuple(autowrap_functions) + LEAF_FUNCTIONS)
         self.leaf_policy = LeafPolicy(leaf_modules, use_defaults=use_default_leaves)
+        # torch's fake tensors and symbolic shapes are imported by the tracer that uses them, not with aot.tracing: they
+        # (and sympy) take a second, which a command that never traces (a build restored from the cache) would pay.
+        from aot.compat.torch_private import FakeTensorMode, ShapeEnv
+
         # The shape environment gives an op whose output size depends on data (unique_consecutive, boolean
         # indexing) an unbacked size symbol, as torch.export does; Python decisions on such a size still fail.
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
@@ -405,6 +408,8 @@ class HFTracer(torch.fx.Tracer):
         return self._fake_attrs[target]
 
     def _evaluation_error(self, node: Node, error: Exception) -> TraceError:
+        from aot.compat.torch_private import DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode
+
         location = user_location()
         reason = " ".join(str(error).split())[:300]
         data_dependent = isinstance(
@@ -430,6 +435,8 @@ class HFTracer(torch.fx.Tracer):
         return None
 
     def concretize(self, proxy: FakeProxy, kind: str, item: Any = None) -> Any:
+        from aot.compat.torch_private import GuardOnDataDependentSymNode
+
         value = self.fake_value(proxy.node)
         location = user_location()
         if value is UNKNOWN:
