@@ -244,19 +244,16 @@ class QuantizeLinearWeights(RewriteRule):
             kind.layers.append(target_path)
             kind.grids = [grid for grid in self.options.auto_grids if grid_fits(grid, linear.in_features) is None
                           and (not kind.grids or grid in kind.grids)]
-        for name, kind in list(kinds.items()):
-            if not kind.grids:
-                self.note(f"auto: no candidate grid fits the layers of kind '{name}': they take bits and group_size")
-                del kinds[name]
-                continue
+        unfit = [name for name, kind in kinds.items() if not kind.grids]  # they take bits and group_size
+        for name in unfit:
+            del kinds[name]
+        for kind in kinds.values():
             for grid in kind.grids:
                 kind.bytes[grid.label] = sum(stored_bytes(graph_module.get_submodule(layer), grid, self.options.symmetric,
                                                           self.options.zero_point) for layer in kind.layers)
             kind.grids.sort(key=lambda grid: kind.bytes[grid.label])
         probe = FidelityProbe(graph_module, calibration_inputs(graph_module), heads[0].value[0], self.options.symmetric, self.options.zero_point)
         measured, tries = choose_grids(probe, kinds, target)
-        if measured.share(target) > 1:
-            self.note(f"auto: the chosen grids measure {measured} against the target {target}: the fidelity gate decides")
         for (target_path, nodes) in layers:
             kind = kinds.get(layer_kind(target_path))
             if kind is not None:
@@ -267,6 +264,9 @@ class QuantizeLinearWeights(RewriteRule):
             "texts": len(probe.inputs), "positions": probe.positions,
             "kinds": {name: kind.to_json() for name, kind in kinds.items()},
             "tries": tries, "measured": measured.to_json(),
+            # False: no candidate kept the target, every kind is on its most precise grid and the build's gate decides
+            "target_met": measured.share(target) <= 1,
+            "no_candidate_fits": unfit,
             "bytes": sum(kind.bytes[kind.grid.label] for kind in kinds.values()), "float32_bytes": float_bytes,
         }
 

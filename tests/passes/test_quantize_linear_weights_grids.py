@@ -165,10 +165,20 @@ def test_a_loose_target_takes_the_fewest_bytes_everywhere():
     assert len(result.findings["auto"]["tries"]) == 1
 
 
-def test_a_target_no_grid_keeps_leaves_every_kind_on_its_most_precise_grid_with_a_note():
+def test_a_target_no_grid_keeps_leaves_every_kind_on_its_most_precise_grid_and_says_so():
     result = QuantizeLinearWeights(auto=True).apply(_graph(target={"kl_mean": 1e-12}))
     assert {value["chosen"] for value in result.findings["auto"]["kinds"].values()} == {"int8"}
-    assert any("the fidelity gate decides" in note for note in result.notes), result.notes
+    assert result.findings["auto"]["target_met"] is False
+    assert QuantizeLinearWeights(auto=True).apply(_graph()).findings["auto"]["target_met"] is True
+
+
+def test_a_kind_no_candidate_fits_takes_the_pass_grid_and_is_named():
+    result = QuantizeLinearWeights(auto=True, auto_grids=[{"bits": 4, "group_size": 256}]).apply(_graph())
+    auto = result.findings["auto"]
+    assert auto["no_candidate_fits"] == ["model.layers.*.up_proj", "lm_head"], "128 inputs hold no group of 256"
+    assert list(auto["kinds"]) == ["model.layers.*.down_proj"]
+    grids = _grids_of(result.graph_module)
+    assert grids["model.layers.0.up_proj"] == "int4_g32" and grids["model.layers.0.down_proj"] == "int4_g256"
 
 
 def test_auto_leaves_layers_that_patterns_name_and_skip_out_of_its_choice():
