@@ -738,8 +738,10 @@ def _plural(count: int, noun: str) -> str:
 def _yaml_value(value: Any) -> str:
     """A default as the recipe spells it (YAML flow style: true, null, [a, b])."""
     import yaml
+    from pydantic_core import to_jsonable_python
 
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    value = to_jsonable_python(value, exclude_none=True)  # a default made of option models (auto_grids) as a recipe writes it
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip().removesuffix("...").strip()
 
 
 def _type_name(annotation: Any) -> str:

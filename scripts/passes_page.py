@@ -60,7 +60,13 @@ def _type_name(annotation: Any) -> str:
 
 
 def _value(value: Any) -> str:
-    """A default as a recipe spells it: true, null, [a, b]."""
+    """A default as a recipe spells it: true, null, [a, b], {bits: 8}."""
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        value = value.model_dump(exclude_none=True)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_value(item)}" for key, item in value.items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
