@@ -13,10 +13,10 @@ here (:mod:`aot.directory.consent`): a cache is data from elsewhere, and a hit i
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 from pathlib import Path
 
-from aot.cache.chunks import chunk_span
+from aot.cache.chunks import read_chunks
 from aot.cache.entry import CacheEntry
 from aot.cache.errors import CorruptEntry
 from aot.cache.store import CacheStore
@@ -64,10 +64,8 @@ def _blobs_not_their_name(entry: CacheEntry, staging: Path) -> list[tuple[str, s
             if not path.is_file() or sha256_file(path) != stored.sha256:
                 wrong.append((stored.sha256, relative))
             continue
-        with open(path, "rb") as file:
-            for index, digest in enumerate(stored.chunks):
-                offset, length = chunk_span(index, stored.bytes, stored.chunk_bytes)
-                file.seek(offset)
-                if hashlib.sha256(file.read(length)).hexdigest() != digest:
-                    wrong.append((digest, f"chunk {index} of {relative}"))
+        found = (digest for digest, _ in read_chunks(path, stored.chunk_bytes))
+        for index, (digest, held) in enumerate(itertools.zip_longest(stored.chunks, found)):
+            if digest is not None and held != digest:  # a file cut short leaves its last chunks unheld
+                wrong.append((digest, f"chunk {index} of {relative}"))
     return wrong

@@ -107,9 +107,8 @@ class FidelityProbe:
         try:
             for target, grid in grids.items():
                 linear = self.graph_module.get_submodule(target)
-                symmetric = self.symmetric or grid.bits == 8
-                rounded = WeightOnlyLinear.from_linear(linear, grid.bits, grid.groups, symmetric, "float",
-                                                       zero_point=self.zero_point if not symmetric else "integer")
+                symmetric, zero_point = grid.encoding(self.symmetric, self.zero_point)
+                rounded = WeightOnlyLinear.from_linear(linear, grid.bits, grid.groups, symmetric, "float", zero_point=zero_point)
                 linear.forward = _RoundedForward(rounded, linear.bias)
                 patched.append(linear)
             yield
@@ -137,16 +136,11 @@ def _run_in_lockstep(graph_module: GraphModule, stop: Node, inputs: list[dict[st
     """``stop``'s value for each of ``inputs``: the graph run node by node, each node for every input in turn, up to
     ``stop``. A rounded layer's weight is widened once for all inputs and let go after its node (one layer's float32
     weight at a time); each value is freed after its last reader, as fx's Interpreter does."""
-    runs = [Interpreter(graph_module) for _ in inputs]
+    # The first run works out, as fx's Interpreter does for its own loop, after which node each value is read no more.
+    runs = [Interpreter(graph_module, garbage_collect_values=index == 0) for index in range(len(inputs))]
+    last_readers = runs[0].user_to_last_uses
     for run, given in zip(runs, inputs):
         run.args_iter = iter([given[node.target] if node.target in given else node.args[0] for node in placeholders])
-    last_readers: dict[Node, list[Node]] = {}
-    seen: set[Node] = set()
-    for node in reversed(graph_module.graph.nodes):
-        for read in node.all_input_nodes:
-            if read not in seen:
-                seen.add(read)
-                last_readers.setdefault(node, []).append(read)
     for node in graph_module.graph.nodes:
         for run in runs:
             run.env[node] = run.run_node(node)

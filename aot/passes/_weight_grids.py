@@ -38,6 +38,12 @@ class LayerGrid(BaseModel):
         """The group size as the kernels take it (int8: unused, 32)."""
         return self.group_size or 32
 
+    def encoding(self, symmetric: bool, zero_point: str) -> tuple[bool, str]:
+        """The pass's ``symmetric`` and ``zero_point`` as this grid takes them: int8 is symmetric, one scale per output
+        channel, and a symmetric grid's zero point is the integer 8."""
+        symmetric = symmetric or self.bits == 8
+        return symmetric, zero_point if not symmetric else "integer"
+
     @property
     def label(self) -> str:
         return "int8" if self.bits == 8 else f"int4_g{self.groups}"
@@ -67,7 +73,7 @@ def grid_fits(grid: LayerGrid, in_features: int) -> str | None:
 
 def stored_bytes(linear: torch.nn.Linear, grid: LayerGrid, symmetric: bool, zero_point: str) -> int:
     """The bytes the layer's weight holds on ``grid``: codes, scales and zero points, as the artifacts store them."""
-    symmetric = symmetric or grid.bits == 8
+    symmetric, zero_point = grid.encoding(symmetric, zero_point)
     shape = WeightOnlyLinear(linear.in_features, linear.out_features, bias=False, bits=grid.bits, group_size=grid.groups,
-                             symmetric=symmetric, zero_point=zero_point if not symmetric else "integer", device="meta")
+                             symmetric=symmetric, zero_point=zero_point, device="meta")
     return sum(buffer.numel() * buffer.element_size() for buffer in shape.buffers())

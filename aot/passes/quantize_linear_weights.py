@@ -203,8 +203,7 @@ class QuantizeLinearWeights(RewriteRule):
         target, nodes = layer
         linear = graph_module.get_submodule(target)
         options, grid = self.options, self._grid(layer)
-        symmetric = options.symmetric or grid.bits == 8  # int8 is symmetric, one scale per output channel
-        zero_point = options.zero_point if not symmetric else "integer"
+        symmetric, zero_point = grid.encoding(options.symmetric, options.zero_point)
         quantized = None
         if options.method == "gptq":  # H is handed over, not kept here: gptq_quantize frees it as it goes
             quantized = gptq_quantize(linear.weight, self._hessian(graph_module, layer), grid.bits, grid.groups,
