@@ -16,11 +16,17 @@ of rows (tokens) in the call:
 - ``int8pack``: ``torch._weight_int8pack_mm`` on bfloat16 activations;
 - ``bf16``: ``F.linear`` on bfloat16 weights (eager bfloat16);
 - ``matmul_nbits_32`` / ``_64`` / ``_128``: ONNX Runtime's int4 ``MatMulNBits`` at ``accuracy_level``
-  4, by block size (the ONNX model's);
+  4, by block size (the ONNX model's); ``_fp32`` after the name (``matmul_nbits_128_fp32``): at
+  ``accuracy_level`` 0 (float32 products, a layer with ``activations: float``);
+- ``matmul_nbits8_256``: ``MatMulNBits`` with 8-bit codes in blocks of 256 at ``accuracy_level`` 4, the
+  ONNX model's form of an int8 layer (one scale per output channel, repeated over the blocks);
 - ``wo_int4`` / ``wo_int8``: ``module.py``'s own ``WeightOnlyLinear`` layers (int4 in asymmetric groups
   of 32, int8 per channel), each call the kernel the layer chooses for its rows on this CPU;
   ``wo_int4_gemm`` / ``wo_int8_gemm``: the same layers held to their int8 GEMMs at every row count
   (each row on two int8 grids; exact float32 sums where the CPU has no int8 dot products).
+
+``stream`` is the memory's own speed, the ceiling every kernel's one-row GB/s is read against:
+``torch.sum`` over 2 GiB of float32 (its row count ignored).
 
 Codes and scales are random: the kernels' time does not depend on the values. Nothing else should
 run on the machine meanwhile.
@@ -40,9 +46,21 @@ from aot.directory.manifest import cpu_model
 IN, OUT = 2048, 8192
 TORCH_KERNELS = ("int4_tiles", "int_mm", "int8pack", "bf16", "wo_int4", "wo_int4_gemm", "wo_int8", "wo_int8_gemm")
 ORT_KERNELS = ("matmul_nbits_32", "matmul_nbits_64", "matmul_nbits_128")
+STREAM_BYTES = 2 << 30
+ORT_MORE = ("stream", "matmul_nbits_32_fp32", "matmul_nbits_64_fp32", "matmul_nbits_128_fp32", "matmul_nbits8_256")  # by name only
 BYTES_PER_WEIGHT = {"int4_tiles": 0.5 + 4 / 32, "int_mm": 1, "int8pack": 1, "bf16": 2, "wo_int4": 0.5 + 4 / 32, "wo_int4_gemm": 1,
                     "wo_int8": 1, "wo_int8_gemm": 1,
-                    "matmul_nbits_32": 0.5 + 4 / 32, "matmul_nbits_64": 0.5 + 4 / 64, "matmul_nbits_128": 0.5 + 4 / 128}
+                    "matmul_nbits_32": 0.5 + 4 / 32, "matmul_nbits_64": 0.5 + 4 / 64, "matmul_nbits_128": 0.5 + 4 / 128,
+                    "matmul_nbits_32_fp32": 0.5 + 4 / 32, "matmul_nbits_64_fp32": 0.5 + 4 / 64, "matmul_nbits_128_fp32": 0.5 + 4 / 128,
+                    "matmul_nbits8_256": 1 + 4 / 256}
+
+
+def _stream(threads: int):
+    import torch
+
+    torch.set_num_threads(threads)
+    data = torch.ones(STREAM_BYTES // 4)
+    return lambda rows: (lambda: data.sum())
 
 
 def _shapes(pairs: int):
@@ -112,15 +130,17 @@ def _ort_stack(kernel: str, pairs: int, threads: int):
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
-    block = int(kernel.rsplit("_", 1)[1])
+    name, accuracy_level = (kernel.removesuffix("_fp32"), 0) if kernel.endswith("_fp32") else (kernel, 4)
+    bits = 8 if name.startswith("matmul_nbits8") else 4
+    block = int(name.rsplit("_", 1)[1])
     rng = np.random.default_rng(0)
     nodes, initializers, name = [], [], "x"
     for index, (inputs, outputs) in enumerate(_shapes(pairs)):
-        codes = rng.integers(0, 256, (outputs, inputs // block, block // 2), dtype=np.uint8)
+        codes = rng.integers(0, 256, (outputs, inputs // block, block * bits // 8), dtype=np.uint8)
         scales = rng.random(outputs * (inputs // block), dtype=np.float32) * 2e-3
         initializers += [numpy_helper.from_array(codes, f"codes{index}"), numpy_helper.from_array(scales, f"scales{index}")]
         nodes.append(helper.make_node("MatMulNBits", [name, f"codes{index}", f"scales{index}"], [f"y{index}"], domain="com.microsoft",
-                                      K=inputs, N=outputs, bits=4, block_size=block, accuracy_level=4))
+                                      K=inputs, N=outputs, bits=bits, block_size=block, accuracy_level=accuracy_level))
         name = f"y{index}"
     graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", IN])],
                               [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", IN])], initializers)
@@ -137,7 +157,10 @@ def _ort_stack(kernel: str, pairs: int, threads: int):
 
 def _measure_one(kernel: str, rows_list: list[int], pairs: int, threads: int) -> dict[int, float]:
     """In this process: median ms per call of ``kernel``'s stack, per number of rows."""
-    make = _ort_stack(kernel, pairs, threads) if kernel in ORT_KERNELS else _torch_stack(kernel, pairs, threads)
+    if kernel == "stream":
+        make = _stream(threads)
+    else:
+        make = _ort_stack(kernel, pairs, threads) if kernel.startswith("matmul_nbits") else _torch_stack(kernel, pairs, threads)
     medians = {}
     for rows in rows_list:
         call = make(rows)
@@ -157,7 +180,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,16,128", help="comma list of rows (tokens) per call")
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--kernels", default=",".join(TORCH_KERNELS + ORT_KERNELS))
+    parser.add_argument("--kernels", default=",".join(TORCH_KERNELS + ORT_KERNELS), help=f"comma list; also {', '.join(ORT_MORE)}")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one kernel, JSON on stdout
     args = parser.parse_args()
@@ -166,6 +189,7 @@ def main() -> None:
         print(json.dumps(_measure_one(args.one, rows_list, args.pairs, args.threads)))
         return
     megabytes = {kernel: 2 * args.pairs * IN * OUT * size / 1e6 for kernel, size in BYTES_PER_WEIGHT.items()}
+    megabytes["stream"] = STREAM_BYTES / 1e6
     print(f"# {cpu_model()}, {args.threads} threads, "
           f"{2 * args.pairs} layers of {IN} x {OUT}; median over {args.rounds} rounds of ms per call through the stack "
           "(GB/s of weights at one row)")
