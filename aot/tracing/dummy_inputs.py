@@ -10,6 +10,7 @@ and dtypes.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,6 +80,24 @@ def _audio_samples(config, frames: int) -> int:
     return receptive_field + (frames - 1) * hop
 
 
+def _image_size(config) -> int:
+    """The side of the square images made for ``pixel_values``: the vision config's ``image_size``, else a default."""
+    size = getattr(_sub_config(config, "vision_config"), "image_size", None) or DEFAULT_IMAGE_SIZE
+    return size if isinstance(size, int) else size[0]
+
+
+def _maskable_units(config) -> int:
+    """How many units masked image pre-training draws ``noise`` for: Hiera's masked units, else ViT-MAE's patches."""
+    size = getattr(config, "image_size", None) or DEFAULT_IMAGE_SIZE
+    sizes = [size, size] if isinstance(size, int) else list(size)
+    unit = getattr(config, "masked_unit_size", None)
+    if unit is not None:  # Hiera: patch strides, then units of masked_unit_size strides each
+        return math.prod(side // stride // cells for side, stride, cells in zip(sizes, config.patch_stride, unit))
+    patch = getattr(config, "patch_size", 16)
+    patches = [patch, patch] if isinstance(patch, int) else list(patch)
+    return math.prod(side // step for side, step in zip(sizes, patches))
+
+
 def _sub_config(config, *names: str):
     for name in names:
         sub = getattr(config, name, None)
@@ -87,9 +106,10 @@ def _sub_config(config, *names: str):
     return config
 
 
-# Heads whose labels are one class per example (HFTracer's list, by transformers' own auto mappings).
+# Heads whose labels are one class per example (HFTracer's list, by transformers' own auto mappings). A question-answering
+# head takes start and end positions; the one that takes labels instead (LXMERT's) classifies the answer, one per example.
 _ONE_LABEL_PER_EXAMPLE = ("SEQUENCE_CLASSIFICATION", "IMAGE_CLASSIFICATION", "AUDIO_CLASSIFICATION", "NEXT_SENTENCE_PREDICTION",
-                          "MULTIPLE_CHOICE", "VIDEO_CLASSIFICATION")
+                          "MULTIPLE_CHOICE", "VIDEO_CLASSIFICATION", "QUESTION_ANSWERING")
 
 
 def _is_head(model: torch.nn.Module, *heads: str) -> bool:
@@ -169,6 +189,10 @@ def make_dummy_inputs(
             inputs[name] = torch.randint(0, vocab, (batch, length), generator=generator)
             if name == "input_ids" and pools_at_eos(model) and isinstance(getattr(config, "eos_token_id", None), int):
                 inputs[name] = _with_one_eos_per_row(inputs[name], config.eos_token_id, vocab)
+        elif name == "labels" and _is_head(model, "SEMANTIC_SEGMENTATION"):  # a class per pixel of the image
+            classes = max(getattr(config, "num_labels", 2) or 2, 1)
+            size = _image_size(config)
+            inputs[name] = torch.randint(0, classes, (batch, size, size), generator=generator)
         elif name == "labels" and _labels_one_per_example(model):
             classes = max(getattr(config, "num_labels", 2) or 2, 1)
             inputs[name] = torch.randint(0, classes, (batch,), generator=generator)
@@ -190,10 +214,15 @@ def make_dummy_inputs(
             inputs[name] = torch.arange(length).expand(batch, length).clone()
         elif name == "pixel_values":
             vision = _sub_config(config, "vision_config")
-            size = getattr(vision, "image_size", None) or DEFAULT_IMAGE_SIZE
-            size = size if isinstance(size, int) else size[0]
+            size = _image_size(config)
             channels = getattr(vision, "num_channels", 3)
             inputs[name] = torch.randn(batch, channels, size, size, generator=generator)
+        elif name == "bbox":  # LayoutLM: a box per token, (x0, y0, x1, y1) with x0 <= x1 and y0 <= y1
+            limit = getattr(text, "max_2d_position_embeddings", None) or 1024
+            corners = torch.randint(0, limit, (batch, sequence, 2, 2), generator=generator)
+            inputs[name] = corners.sort(dim=-2).values.flatten(-2)  # [[x0, y0], [x1, y1]], each coordinate sorted
+        elif name == "noise":  # masked image pre-training (Hiera, ViT-MAE): the random number that ranks each unit
+            inputs[name] = torch.rand(batch, _maskable_units(config), generator=generator)
         elif name == "visual_feats":  # LXMERT: one feature vector per detected region
             inputs[name] = torch.randn(batch, VISUAL_REGIONS, config.visual_feat_dim, generator=generator)
         elif name == "visual_pos":  # and its box, (x0, y0, x1, y1) in [0, 1]
