@@ -47,12 +47,20 @@ IN, OUT = 2048, 8192
 TORCH_KERNELS = ("int4_tiles", "int_mm", "int8pack", "bf16", "wo_int4", "wo_int4_gemm", "wo_int8", "wo_int8_gemm")
 ORT_KERNELS = ("matmul_nbits_32", "matmul_nbits_64", "matmul_nbits_128")
 STREAM_BYTES = 2 << 30
-ORT_MORE = ("stream", "matmul_nbits_32_fp32", "matmul_nbits_64_fp32", "matmul_nbits_128_fp32", "matmul_nbits8_256")  # by name only
+BY_NAME_ONLY = ("stream", "matmul_nbits_32_fp32", "matmul_nbits_64_fp32", "matmul_nbits_128_fp32", "matmul_nbits8_256")
+
+
+def _nbits_grid(kernel: str) -> tuple[int, int, int]:
+    """A ``matmul_nbits`` kernel's name read as its (bits, block size, accuracy_level)."""
+    name, accuracy_level = (kernel.removesuffix("_fp32"), 0) if kernel.endswith("_fp32") else (kernel, 4)
+    return (8 if name.startswith("matmul_nbits8") else 4), int(name.rsplit("_", 1)[1]), accuracy_level
+
+
 BYTES_PER_WEIGHT = {"int4_tiles": 0.5 + 4 / 32, "int_mm": 1, "int8pack": 1, "bf16": 2, "wo_int4": 0.5 + 4 / 32, "wo_int4_gemm": 1,
-                    "wo_int8": 1, "wo_int8_gemm": 1,
-                    "matmul_nbits_32": 0.5 + 4 / 32, "matmul_nbits_64": 0.5 + 4 / 64, "matmul_nbits_128": 0.5 + 4 / 128,
-                    "matmul_nbits_32_fp32": 0.5 + 4 / 32, "matmul_nbits_64_fp32": 0.5 + 4 / 64, "matmul_nbits_128_fp32": 0.5 + 4 / 128,
-                    "matmul_nbits8_256": 1 + 4 / 256}
+                    "wo_int8": 1, "wo_int8_gemm": 1}
+for _kernel in (k for k in ORT_KERNELS + BY_NAME_ONLY if k.startswith("matmul_nbits")):  # codes, and a float32 scale a block
+    _bits, _block, _ = _nbits_grid(_kernel)
+    BYTES_PER_WEIGHT[_kernel] = _bits / 8 + 4 / _block
 
 
 def _stream(threads: int):
@@ -130,9 +138,7 @@ def _ort_stack(kernel: str, pairs: int, threads: int):
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
-    name, accuracy_level = (kernel.removesuffix("_fp32"), 0) if kernel.endswith("_fp32") else (kernel, 4)
-    bits = 8 if name.startswith("matmul_nbits8") else 4
-    block = int(name.rsplit("_", 1)[1])
+    bits, block, accuracy_level = _nbits_grid(kernel)
     rng = np.random.default_rng(0)
     nodes, initializers, name = [], [], "x"
     for index, (inputs, outputs) in enumerate(_shapes(pairs)):
@@ -180,7 +186,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,16,128", help="comma list of rows (tokens) per call")
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--kernels", default=",".join(TORCH_KERNELS + ORT_KERNELS), help=f"comma list; also {', '.join(ORT_MORE)}")
+    parser.add_argument("--kernels", default=",".join(TORCH_KERNELS + ORT_KERNELS), help=f"comma list; also {', '.join(BY_NAME_ONLY)}")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one kernel, JSON on stdout
     args = parser.parse_args()
