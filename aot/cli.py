@@ -697,16 +697,22 @@ def list_passes(as_json: bool) -> None:
         return
     for info in infos:
         click.echo(f"{info.name}  [{', '.join(sorted(info.frontends))}]")
-        fields = info.options.model_fields
-        if fields:
+        options = info.option_docs
+        if options:
             click.echo("    options (recipe keys under the pass's name):")
-            for option, field in fields.items():
-                click.echo(f"      {option}: {_type_name(field.annotation)} = {_yaml_value(field.default)}  # {field.description or ''}")
-        defaults = ", ".join(f"{option}: {_yaml_value(field.default)}" for option, field in fields.items())
+            for option in options:
+                click.echo(f"      {option.name}: {option.type} = {option.default}  # {option.description}")
+        defaults = ", ".join(f"{option.name}: {option.default}" for option in options)
         click.echo("    in a recipe:")
         click.echo(f"      passes:\n        - {info.name}" + (f": {{{defaults}}}" if defaults else ""))
         click.echo("\n".join("    " + line if line else "" for line in (info.doc or "").strip().splitlines()))
         click.echo("")
+    from aot.export.onnx_lowering import ONNX_LOWERING
+
+    click.echo("The onnx artifact's own lowering, in the order it runs (not recipe keys; the manifest's onnx_lowering "
+               "records what each changed):")
+    for lowering in ONNX_LOWERING.values():
+        click.echo(f"  {lowering.name}  [{lowering.form}]  {lowering.summary}")
 
 
 @main.command()
@@ -733,19 +739,6 @@ def _gate_summary(accuracy: list) -> str:
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "es" if noun.endswith("s") else "s")
-
-
-def _yaml_value(value: Any) -> str:
-    """A default as the recipe spells it (YAML flow style: true, null, [a, b])."""
-    import yaml
-    from pydantic_core import to_jsonable_python
-
-    value = to_jsonable_python(value, exclude_none=True)  # a default made of option models (auto_grids) as a recipe writes it
-    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip().removesuffix("...").strip()
-
-
-def _type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
 def _pass_json(info: Any) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
+from aot.export.onnx_lowering import ONNX_LOWERING
 from aot.passes import registry
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "passes.md"
@@ -48,32 +48,15 @@ Python API (Optimum's `Transformation`, `compose`, `PassResult`): [Python API](p
 how to add a pass: [CONTRIBUTING](CONTRIBUTING.md).
 """
 
+LOWERING_INTRO = """\
+The onnx artifact lowers what torch's exporter cannot take as it is, with passes of its own, not recipe keys: `fx`
+ones on the GraphModule before `torch.onnx.export` (on a copy: the other artifacts keep the graph), `onnx` ones on the
+exported model before ONNX Runtime's fusions. They run in this order, every build that writes ONNX; the manifest's
+`onnx_lowering` records what each changed. `aot passes` lists them too."""
+
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
-
-
-def _type_name(annotation: Any) -> str:
-    """``bool``, ``list[str]``, ``Literal['a', 'b']``: a class by its name, anything else as typing prints it."""
-    plain = isinstance(annotation, type) and not getattr(annotation, "__args__", None)
-    return annotation.__name__ if plain else str(annotation).replace("typing.", "")
-
-
-def _value(value: Any) -> str:
-    """A default as a recipe spells it: true, null, [a, b], {bits: 8}."""
-    from pydantic import BaseModel
-
-    if isinstance(value, BaseModel):
-        value = value.model_dump(exclude_none=True)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key}: {_value(item)}" for key, item in value.items()) + "}"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_value(item) for item in value) + "]"
-    return str(value)
 
 
 def _cell(text: str) -> str:
@@ -101,14 +84,12 @@ def render_page() -> str:
             f"preserves the computation: {_yes(info.preserves_computation)}"
         )
         lines += ["", _first_paragraph(info.doc)]
-        fields = info.options.model_fields
-        if fields:
+        if info.option_docs:
             lines += ["", "| option | type | default | what it does |", "|---|---|---|---|"]
-            for name, field in fields.items():
-                lines.append(
-                    f"| `{name}` | `{_cell(_type_name(field.annotation))}` | `{_cell(_value(field.default))}` | "
-                    f"{_cell(field.description or '')} |"
-                )
+            for option in info.option_docs:
+                lines.append(f"| `{option.name}` | `{_cell(option.type)}` | `{_cell(option.default)}` | {_cell(option.description)} |")
+    lines += ["", "## The onnx artifact's lowering", "", LOWERING_INTRO, "", "| lowering pass | runs on | what it does |", "|---|---|---|"]
+    lines += [f"| `{lowering.name}` | {lowering.form} | {_cell(lowering.summary)} |" for lowering in ONNX_LOWERING.values()]
     return "\n".join(lines) + "\n"
 
 

@@ -129,6 +129,20 @@ def test_passes_lists_every_registered_pass(cli):
         assert name in result.stdout
 
 
+def test_passes_lists_the_onnx_lowering_in_the_order_it_runs(cli):
+    from aot.export.onnx_lowering import ONNX_LOWERING
+
+    result = cli("passes")
+    assert result.exit_code == 0, result.described
+    assert len(ONNX_LOWERING) >= 2, "precondition: an order to check"
+    lines = [f"  {lowering.name}  [{lowering.form}]  {lowering.summary}" for lowering in ONNX_LOWERING.values()]
+    positions = [result.stdout.find(line) for line in lines]
+    assert -1 not in positions, [line for line, at in zip(lines, positions) if at == -1]
+    assert positions == sorted(positions)
+    assert positions[0] > max(result.stdout.find(info_name) for info_name in ("merge_linears", "remove_dropout")), \
+        "after the recipe passes"
+
+
 def test_schema_command_prints_json_schema(cli):
     result = cli("schema")
     assert json.loads(result.stdout)["title"] == "aot recipe"

@@ -61,6 +61,37 @@ class PassInfo:
     def supports(self, frontend: str) -> bool:
         return frontend in self.frontends
 
+    @property
+    def option_docs(self) -> list[OptionDoc]:
+        """Each option as ``aot passes`` and docs/passes.md show it, in the order the Options model declares them."""
+        return [OptionDoc(name, _type_text(field.annotation), _recipe_text(field.default), field.description or "")
+                for name, field in self.options.model_fields.items()]
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """A pass option for a reader: its recipe key, its type, its default as a recipe spells it, what it does."""
+
+    name: str
+    type: str
+    default: str
+    description: str
+
+
+def _type_text(annotation: Any) -> str:
+    """``bool``, ``list[str]``, ``Literal['a', 'b']``: a class by its name, anything else as typing prints it."""
+    plain = isinstance(annotation, type) and not getattr(annotation, "__args__", None)
+    return annotation.__name__ if plain else str(annotation).replace("typing.", "")
+
+
+def _recipe_text(value: Any) -> str:
+    """A default as a recipe spells it, in YAML's flow style: ``true``, ``null``, ``[a, b]``, ``{bits: 8}``."""
+    import yaml
+    from pydantic_core import to_jsonable_python
+
+    value = to_jsonable_python(value, exclude_none=True)  # a default made of option models (auto_grids) as a recipe writes it
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip().removesuffix("...").strip()
+
 
 def register_pass(name: str, *, frontends: Iterable[str] = ("fx", "export")) -> Callable[[type[Transformation]], type[Transformation]]:
     """Class decorator filing a :class:`Transformation` subclass under ``name``."""
