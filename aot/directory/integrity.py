@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -41,8 +42,14 @@ class IntegrityReport:
         return listed["sha256"] if listed else None
 
 
-def verify_directory(directory: str | Path, expect_sha256: str | None = None) -> IntegrityReport:
-    """Raise IntegrityError (exit 7) unless ``directory`` holds exactly the files its manifest lists."""
+def verify_directory(directory: str | Path, expect_sha256: str | None = None, *,
+                     hashed: Mapping[str, str] | None = None) -> IntegrityReport:
+    """Raise IntegrityError (exit 7) unless ``directory`` holds exactly the files its manifest lists.
+
+    ``hashed``: ``{relative path: sha256}`` of files the caller has just hashed from their bytes for a purpose of its
+    own (model-signing's hashing of every file, the cache's chunking of a large one). Such a file is held to the
+    manifest by that digest instead of being read a second time; every other check is the same.
+    """
     directory = Path(directory)
     manifest_path = directory / MANIFEST_NAME
     if not directory.is_dir() or not manifest_path.is_file() or manifest_path.is_symlink():
@@ -53,8 +60,9 @@ def verify_directory(directory: str | Path, expect_sha256: str | None = None) ->
         raise IntegrityError(f"{manifest_path}: sha256 is {manifest_sha256}, not the expected {expect_sha256}")
     manifest = _parse(manifest_path, data)
     root = directory.resolve()
+    hashed = hashed or {}
     for relative, recorded in manifest["artifacts"].items():
-        _check_file(root, relative, recorded, manifest_path)
+        _check_file(root, relative, recorded, manifest_path, hashed.get(relative))
     listed = set(manifest["artifacts"]) | {MANIFEST_NAME}
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root).as_posix()
@@ -81,7 +89,7 @@ def _parse(manifest_path: Path, data: bytes) -> dict[str, Any]:
     return manifest
 
 
-def _check_file(root: Path, relative: str, recorded: dict[str, Any], manifest_path: Path) -> None:
+def _check_file(root: Path, relative: str, recorded: dict[str, Any], manifest_path: Path, hashed: str | None) -> None:
     parts = PurePosixPath(relative).parts
     if not parts or PurePosixPath(relative).is_absolute() or ".." in parts or "\\" in relative:
         raise IntegrityError(f"{manifest_path}: artifact path '{relative}' points outside {root}")
@@ -92,5 +100,5 @@ def _check_file(root: Path, relative: str, recorded: dict[str, Any], manifest_pa
         raise IntegrityError(f"{path}: listed in {MANIFEST_NAME} but missing")
     if path.stat().st_size != recorded["bytes"]:
         raise IntegrityError(f"{path}: {path.stat().st_size} bytes, {MANIFEST_NAME} says {recorded['bytes']} (modified after the build)")
-    if sha256_file(path) != recorded["sha256"]:
+    if (hashed or sha256_file(path)) != recorded["sha256"]:
         raise IntegrityError(f"{path}: sha256 differs from {MANIFEST_NAME} (the file was modified after the build)")

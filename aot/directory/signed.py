@@ -19,6 +19,7 @@ one (docs/CONTRIBUTING.md), so the combination lives here.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -91,16 +92,24 @@ def sign_build(directory: str | Path, key: str | Path, *, signature: str | Path 
     from aot.release.files import written_whole
     from aot.release.keys import key_id, load_signing_key
     from aot.release.signing import sign_files
+    from aot.release.verification import signed_files_of
 
     _require_build(directory)
     targets = _release_targets(directory, signature, provenance)
     signing_key = load_signing_key(key, password)
     signed_with = _certificate_form(signing_key, certificate, tuple(chain))
-    integrity = verify_directory(directory)  # sign only what the manifest still proves (exit 7 otherwise)
     started = datetime.now(timezone.utc)
+    with tempfile.TemporaryDirectory(prefix="aot-sign-") as private:  # not inside the directory while it is checked
+        unchecked = Path(private) / SIGNATURE_NAME
+        sign_files(directory, unchecked, signing_key, signed_with)
+        # Kept only if what was signed is what the manifest proves (exit 7 otherwise, nothing written): the files are
+        # held to it by the digests model-signing just made, so each is read once and none can change in between.
+        signed = signed_files_of(unchecked)
+        integrity = verify_directory(directory, hashed=_file_digests(signed))
+        _check_signed_as_listed(directory, signed, integrity)
+        signature_bytes = unchecked.read_bytes()
     with written_whole(*targets) as temporaries:
-        sign_files(directory, temporaries[0], signing_key, signed_with)
-        signed = _signed_as_listed(directory, temporaries[0], integrity)
+        temporaries[0].write_bytes(signature_bytes)
         if provenance is not None:
             _write_provenance(temporaries[1], integrity, signed, signing_key.private_key, started)
     signer = f"certificate {certificate}" if certificate is not None else f"key {key_id(signing_key.public_key)[:16]}"
@@ -140,18 +149,20 @@ def _certificate_form(signing_key: Any, certificate: str | Path | None, chain: t
     return Certificate(Path(certificate), tuple(map(Path, chain)))
 
 
-def _signed_as_listed(directory: Path, signature: Path, integrity: IntegrityReport) -> Any:
-    """The new signature's files, which must be the manifest's at its digests: a file changed between the manifest
-    check and the hashing fails the sign, and nothing is written."""
-    from aot.release.verification import signed_files_of
+def _file_digests(signed: Any) -> dict[str, str]:
+    """The signed files' digests where they are plain SHA-256 of each file, as the manifest's are (aot signs so; a
+    signature made with model-signing's sharded hashing holds other digests, and the files are then read again)."""
+    return signed.files if signed.algorithm == "sha256" else {}
 
-    signed = signed_files_of(signature)
+
+def _check_signed_as_listed(directory: Path, signed: Any, integrity: IntegrityReport) -> None:
+    """The new signature's files must be exactly the manifest's, at its digests."""
     listed = {relative: recorded["sha256"] for relative, recorded in integrity.manifest["artifacts"].items()}
     listed[MANIFEST_NAME] = integrity.manifest_sha256
     differing = sorted(name for name in set(signed.files) | set(listed) if signed.files.get(name) != listed.get(name))
     if differing:
-        raise IntegrityError(f"{directory}: {', '.join(differing)} changed while it was being signed; nothing was written")
-    return signed
+        raise IntegrityError(f"{directory}: the signature and {MANIFEST_NAME} disagree on {', '.join(differing)}; "
+                             "nothing was written")
 
 
 def _write_provenance(path: Path, integrity: IntegrityReport, signed: Any, private_key: Any, started: datetime) -> None:
@@ -196,7 +207,7 @@ def verify_build(directory: str | Path, *, signature: str | Path | None = None, 
     directory = Path(directory)
     signed, manifest_sha256 = _verified_signature(directory, signature, public_key, tuple(certificate_chain),
                                                   expect_sha256, "aot verify")
-    integrity = verify_directory(directory, manifest_sha256)
+    integrity = verify_directory(directory, manifest_sha256, hashed=_file_digests(signed))  # model-signing just hashed them
     report = VerifyReport(directory, signed.signature, integrity.manifest_sha256, signed.model_digest, len(signed.files),
                           integrity.files_checked, signed.signer)
     if provenance is not None:

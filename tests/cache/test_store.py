@@ -52,6 +52,33 @@ def test_a_stored_build_restores_byte_identical(store_location, tmp_path):
     assert not [p for p in tmp_path.iterdir() if ".aot-tmp-" in p.name], "no staging directory left behind"
 
 
+def test_a_chunked_file_is_read_once_and_held_to_its_manifest_by_those_reads(tmp_path, monkeypatch):
+    import aot.directory.integrity as integrity
+
+    store = CacheStore.open(str(tmp_path / "store"), {}, chunk_bytes=CHUNK_BYTES)
+    built = fake_build(tmp_path / "built")
+    assert (built / WEIGHTS).stat().st_size > CHUNK_BYTES, "precondition: the weights are chunked"
+    read_whole = []
+    sha256_file = integrity.sha256_file
+    monkeypatch.setattr(integrity, "sha256_file", lambda path: (read_whole.append(path.name), sha256_file(path))[1])
+    entry = save_build(store, fake_key(), built, "fake-a", {"name": "fake-a"})
+    assert "weights.safetensors" not in read_whole and sorted(read_whole) == ["config.json", "model.onnx"]
+    assert entry.files[WEIGHTS].sha256 == hashlib.sha256((built / WEIGHTS).read_bytes()).hexdigest()
+
+
+def test_a_chunked_file_changed_after_the_build_is_refused_and_no_entry_is_written(tmp_path):
+    from aot.errors import IntegrityError
+
+    store = CacheStore.open(str(tmp_path / "store"), {}, chunk_bytes=CHUNK_BYTES)
+    built = fake_build(tmp_path / "built")
+    weights = bytearray((built / WEIGHTS).read_bytes())
+    weights[-1] ^= 1  # same size: only the digest can tell
+    (built / WEIGHTS).write_bytes(bytes(weights))
+    with pytest.raises(IntegrityError, match="weights.safetensors: sha256 differs"):
+        save_build(store, fake_key(), built, "fake-a", {"name": "fake-a"})
+    assert store.read_entry(fake_key().digest) is None
+
+
 def test_storing_again_sends_only_new_blobs(store_location, tmp_path):
     url, options = store_location
     store = CacheStore.open(url, options, chunk_bytes=CHUNK_BYTES)

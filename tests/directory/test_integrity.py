@@ -172,3 +172,22 @@ def test_a_build_of_this_machine_and_a_published_digest_are_consent(copy_build, 
     refused = run_aot("validate", build, env=env_without_record)
     _assert_integrity_failure(refused, "did not build")
     assert run_aot("validate", build, "--expect-sha256", digest, env=env_without_record).returncode == 0
+
+
+def test_a_digest_the_caller_just_made_stands_for_a_read_and_is_held_to_the_manifest(tmp_path, monkeypatch):
+    import aot.directory.integrity as integrity
+    from aot.errors import IntegrityError
+    from tests.cache.conftest import fake_build
+
+    build = fake_build(tmp_path / "build")
+    recorded = json.loads((build / "manifest.json").read_text())["artifacts"]["model.onnx"]["sha256"]
+    read = []
+    sha256_file = integrity.sha256_file
+    monkeypatch.setattr(integrity, "sha256_file", lambda path: (read.append(path.name), sha256_file(path))[1])
+    assert integrity.verify_directory(build).files_checked == 3 and "model.onnx" in read, "precondition: each file is read"
+
+    read.clear()
+    integrity.verify_directory(build, hashed={"model.onnx": recorded})
+    assert "model.onnx" not in read and read, "the digest given stands for the read; the other files are read"
+    with pytest.raises(IntegrityError, match=r"model\.onnx: sha256 differs"):
+        integrity.verify_directory(build, hashed={"model.onnx": "0" * 64})

@@ -127,3 +127,31 @@ def test_inside_the_directory_only_the_release_names_are_tolerated(copy_build, r
     shutil.copy(build / "config.json", stray)
     with pytest.raises(IntegrityError, match="other.sig"):
         verify_directory(build)
+
+
+def test_sign_and_verify_hold_the_files_to_the_manifest_by_model_signings_own_digests(tmp_path, release_keys, monkeypatch):
+    import aot.directory.integrity as integrity
+    from aot.directory.signed import sign_build, verify_build
+    from tests.cache.conftest import fake_build
+
+    build = fake_build(tmp_path / "build")
+    read = []
+    sha256_file = integrity.sha256_file
+    monkeypatch.setattr(integrity, "sha256_file", lambda path: (read.append(path.name), sha256_file(path))[1])
+    verify_directory(build)
+    assert read, "precondition: the manifest check reads files when no digests are given"
+
+    read.clear()
+    signed = sign_build(build, release_keys.private, provenance=tmp_path / "build.provenance")
+    verified = verify_build(build, public_key=release_keys.public, provenance=tmp_path / "build.provenance")
+    assert read == [], "each file is hashed once, by model-signing"
+    assert signed.files_signed == verified.files_signed == 4 and verified.files_checked == 3
+
+    _flip_last_byte(build / "model.onnx")
+    with pytest.raises(IntegrityError, match="model.onnx"):
+        verify_build(build, public_key=release_keys.public)
+    signature = Path(f"{build}.sig")
+    before = signature.read_bytes()
+    with pytest.raises(IntegrityError, match=r"model\.onnx: sha256 differs"):
+        sign_build(build, release_keys.private)
+    assert signature.read_bytes() == before, "a refused sign writes nothing"
