@@ -87,13 +87,14 @@ def _image_size(config) -> int:
 
 
 def _maskable_units(config) -> int:
-    """How many units masked image pre-training draws ``noise`` for: Hiera's masked units, else ViT-MAE's patches."""
-    size = getattr(config, "image_size", None) or DEFAULT_IMAGE_SIZE
-    sizes = [size, size] if isinstance(size, int) else list(size)
-    unit = getattr(config, "masked_unit_size", None)
+    """How many units masked image pre-training draws ``noise`` for, on the images ``pixel_values`` gets (squares of
+    :func:`_image_size`, from the same config): Hiera's masked units, else ViT-MAE's patches."""
+    sizes = [_image_size(config)] * 2
+    vision = _sub_config(config, "vision_config")
+    unit = getattr(vision, "masked_unit_size", None)
     if unit is not None:  # Hiera: patch strides, then units of masked_unit_size strides each
-        return math.prod(side // stride // cells for side, stride, cells in zip(sizes, config.patch_stride, unit))
-    patch = getattr(config, "patch_size", 16)
+        return math.prod(side // stride // cells for side, stride, cells in zip(sizes, vision.patch_stride, unit))
+    patch = getattr(vision, "patch_size", 16)
     patches = [patch, patch] if isinstance(patch, int) else list(patch)
     return math.prod(side // step for side, step in zip(sizes, patches))
 

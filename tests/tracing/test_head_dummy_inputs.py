@@ -312,3 +312,18 @@ def test_an_eos_pooling_classifier_gets_decoder_inputs_as_long_as_input_ids():
     graph_module = symbolic_trace(model, input_names=names)
     with torch.no_grad():
         torch.testing.assert_close(graph_module(**dummies)["logits"], model(**dummies).logits)
+
+
+@pytest.mark.parametrize("image_size", [32, 48])
+def test_masked_image_pre_training_draws_noise_for_the_patches_of_the_images_it_is_given(image_size):
+    # ViT-MAE's shuffle takes one noise value per patch of pixel_values: both must come from the same image size
+    config = transformers.ViTMAEConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                       decoder_hidden_size=32, decoder_num_hidden_layers=1, decoder_num_attention_heads=4,
+                                       decoder_intermediate_size=64, image_size=image_size, patch_size=8)
+    model = _model(transformers.ViTMAEForPreTraining, config)
+    inputs = make_dummy_inputs(model, ["pixel_values", "noise"], batch=2)
+    assert tuple(inputs["pixel_values"].shape) == (2, 3, image_size, image_size), "precondition: images of the config's size"
+    assert tuple(inputs["noise"].shape) == (2, (image_size // 8) ** 2)
+    traced = symbolic_trace(model, input_names=["pixel_values", "noise"])
+    with torch.no_grad():
+        torch.testing.assert_close(flatten_outputs(traced(**inputs))["logits"], model(**inputs).logits)
