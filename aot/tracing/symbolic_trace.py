@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.nn.utils import parametrize
 
 from aot.compat.torch_private import lazy_clone
 from aot.errors import TraceError
@@ -38,6 +39,7 @@ from aot.process.quiet import quiet_torch
 
 from .dummy_inputs import default_input_names, forward_parameters, make_dummy_inputs
 from .input_names import forward_keyword, forward_keywords
+from .parametrized_leaves import make_picklable
 from .model_state import config_use_cache_off, disable_hooked_forward, preserved_model_state, traceable_experts
 from .shape_check import check_at_second_shape, specialising_sizes
 from .tracer import HFTracer
@@ -182,6 +184,8 @@ def _build_graph_module(model: torch.nn.Module, graph: torch.fx.Graph, tracer: H
         if hasattr(owner, field):
             continue
         copied = copy.deepcopy(value, memo)
+        if isinstance(copied, torch.nn.Module) and parametrize.is_parametrized(copied):
+            copied = make_picklable(copied)  # torch's parametrized classes refuse pickle; a GraphModule is pickled whole
         if is_buffer:
             owner.register_buffer(field, copied)
         else:

@@ -30,7 +30,8 @@ Departures, each deliberate:
 - the check goes on past GPT2DoubleHeadsModel's folded ids, which have no embeddings variant, where transformers skipped
   the rest of the test;
 - tests transformers skipped run here: Bloom's with labels ("Bloom currently has issues"), and wav2vec2's and HuBERT's
-  ("torch 2.1 breaks torch fx tests for wav2vec2/hubert"), which fail here only at the pickle (``KNOWN_FAILURES``).
+  ("torch 2.1 breaks torch fx tests for wav2vec2/hubert": torch refuses to pickle their weight_norm convolution, which
+  aot's GraphModule holds in a form that pickles, :mod:`aot.tracing.parametrized_leaves`).
 """
 
 from __future__ import annotations
@@ -78,25 +79,15 @@ HF_FX_MODEL_TYPES = (
 )
 
 # The fast tier's share, a few seconds: an encoder-decoder with labels, a decoder with its embeddings variant and a vision
-# model, two small classes each. The other cases, up to 30 traces each (6 to 16 minutes together on 2 shared cores), are
+# model, two small classes each (tests/tracing/test_parametrized_leaves.py pickles a weight_norm leaf, wav2vec2's case). The other cases, up to 30 traces each (6 to 16 minutes together on 2 shared cores), are
 # a zoo: they run with tests/tracing/test_fx_zoo.py's, in the full tier.
 FAST = (("marian", True), ("xglm", False), ("clip_vision", False))
-
-# Cases that fail for a reason outside the tracer: (the exception, why), each xfail(strict=True). Their graphs trace and
-# match eager; pickling them is what fails.
-_WEIGHT_NORM = (RuntimeError, "torch refuses to pickle a parametrized module (the positional convolution's weight_norm): "
-                              "'Serialization of parametrized modules is only supported through state_dict()'")
-KNOWN_FAILURES: dict[tuple[str, bool], tuple[type[Exception], str]] = {
-    (name, output_loss): _WEIGHT_NORM for name in ("hubert", "wav2vec2") for output_loss in (False, True)}
 
 
 def _cases():
     for name in ARCHITECTURES:
         for output_loss in (False, True):
             marks = [] if (name, output_loss) in FAST else [pytest.mark.full]
-            if (name, output_loss) in KNOWN_FAILURES:
-                raises, reason = KNOWN_FAILURES[name, output_loss]
-                marks.append(pytest.mark.xfail(raises=raises, reason=reason, strict=True))
             yield pytest.param(name, output_loss, marks=marks, id=f"{name}-{'output_loss' if output_loss else 'plain'}")
 
 
@@ -109,7 +100,7 @@ def test_the_registry_is_transformers_4_fx_list_less_what_transformers_5_removed
     assert set(GONE) <= set(HF_FX_MODEL_TYPES) and not set(GONE) & set(CONFIG_MAPPING_NAMES), "precondition: gone in 5"
     assert model_types == set(HF_FX_MODEL_TYPES) - set(GONE), sorted(model_types ^ (set(HF_FX_MODEL_TYPES) - set(GONE)))
     assert all(set(entry.skipped) < set(entry.classes) for entry in ARCHITECTURES.values())
-    assert {name for name, _ in (*FAST, *KNOWN_FAILURES)} < set(ARCHITECTURES)
+    assert {name for name, _ in FAST} < set(ARCHITECTURES)
 
 
 def _input_names(model, inputs: dict, output_loss: bool) -> list[str]:
