@@ -1,7 +1,7 @@
 """``quantize_linear_weights`` with ``auto: true``: each layer kind's grid chosen by measured fidelity.
 
-On the recipe's calibration texts (prefills, batch 1), the graph as the pass gets it gives the reference: the
-next-token distribution ``p_t`` at every position ``t`` of every text. A probe then rounds the weights of some
+On the recipe's calibration texts (their prefills, in one call: :func:`one_batch`), the graph as the pass gets it
+gives the reference: the next-token distribution ``p_t`` at every position ``t`` of every text. A probe then rounds the weights of some
 layers to a grid (the codes and scales the artifacts store, multiplied in float32: the weights' error alone) and
 scores the distributions ``q_t`` it gives as the fidelity gate does (:mod:`aot.decoding.fidelity`)::
 
@@ -73,7 +73,9 @@ class FidelityProbe:
     """The graph's next-token log-probabilities on the calibration inputs, with chosen layers on chosen grids."""
 
     def __init__(self, graph_module: GraphModule, inputs: list[dict[str, torch.Tensor]], head: str, symmetric: bool, zero_point: str):
-        self.graph_module, self.inputs, self.head = graph_module, inputs, head
+        self.texts = len(inputs)
+        self.inputs, self.scored = one_batch(inputs)
+        self.graph_module, self.head = graph_module, head
         self.symmetric, self.zero_point = symmetric, zero_point
         self.hidden = _head_input(graph_module, head)
         self.placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
@@ -97,7 +99,8 @@ class FidelityProbe:
         head = self.graph_module.get_submodule(self.head)
         with torch.no_grad():
             for hidden in _run_in_lockstep(self.graph_module, self.hidden, self.inputs, self.placeholders):
-                yield head(hidden.reshape(-1, hidden.shape[-1])).float()
+                rows = hidden.reshape(-1, hidden.shape[-1])
+                yield head(rows if self.scored is None else rows[self.scored]).float()
 
     @contextmanager
     def _rounded(self, grids: Mapping[str, LayerGrid]) -> Iterator[None]:
@@ -115,6 +118,43 @@ class FidelityProbe:
         finally:
             for linear in patched:
                 del linear.forward  # the class's forward again
+
+
+SEQUENCE_INPUTS = ("input_ids", "attention_mask", "position_ids")  # a decoder step's (aot.decoding.names)
+
+
+def one_batch(inputs: list[dict[str, torch.Tensor]]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor | None]:
+    """The calibration texts (one a call, batch 1) as one call, and which of its positions are the texts' own (None:
+    all of them); or the texts as they are, with None, where they cannot be one call.
+
+    One call reads each weight once for all the texts, where one a call reads it once a text: a probe of a 1B decoder
+    reads gigabytes of float32 weights a text. Texts of one shape are stacked. Texts of several lengths are padded at
+    the end (ids 0, attention_mask 0, positions counting on), which leaves every position of a text as it was: the
+    causal mask lets a position see only those before it, all the text's own, and each row is its own sequence. The
+    padding's positions are left out of the scores. Texts without an attention_mask to pad, or with a past, stay apart.
+    """
+    if len(inputs) < 2 or any(given.keys() != inputs[0].keys() for given in inputs):
+        return inputs, None
+    if all(given[name].shape == inputs[0][name].shape for given in inputs for name in given):
+        return [{name: torch.cat([given[name] for given in inputs]) for name in inputs[0]}], None
+    lengths = [given["input_ids"].shape[-1] if "input_ids" in given else -1 for given in inputs]
+    if "attention_mask" not in inputs[0] or any(given["attention_mask"].shape[-1] != length for given, length in zip(inputs, lengths)):
+        return inputs, None  # nothing to pad with, or a past (the mask spans it)
+    longest = max(lengths)
+    batched = {}
+    for name in inputs[0]:
+        if name not in SEQUENCE_INPUTS:
+            batched[name] = torch.cat([given[name] for given in inputs])  # the pasts, empty
+            continue
+        rows = []
+        for given, length in zip(inputs, lengths):
+            value = given[name]
+            after = torch.arange(1, longest - length + 1, dtype=value.dtype) + value[:, -1:] if name == "position_ids" \
+                else value.new_zeros((value.shape[0], longest - length))
+            rows.append(torch.cat([value, after], dim=-1))
+        batched[name] = torch.cat(rows)
+    scored = torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]
+    return [batched], scored.reshape(-1)
 
 
 class _RoundedForward:

@@ -260,7 +260,7 @@ class QuantizeLinearWeights(RewriteRule):
         float_bytes = sum(graph_module.get_submodule(layer).weight.numel() * 4 for kind in kinds.values() for layer in kind.layers)
         self.report.findings["auto"] = {
             "target": {name: round(value, 6) for name, value in target.items()}, "margin": self.options.auto_margin,
-            "texts": len(probe.inputs), "positions": probe.positions,
+            "texts": probe.texts, "positions": probe.positions,
             "kinds": {name: kind.to_json() for name, kind in kinds.items()},
             "tries": tries, "measured": measured.to_json(),
             # False: no candidate kept the target, every kind is on its most precise grid and the build's gate decides

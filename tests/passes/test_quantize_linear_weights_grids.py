@@ -208,3 +208,36 @@ def test_candidates_are_tried_fewest_bytes_first_whatever_their_order():
     for kind in first["kinds"].values():
         costs = [figures["bytes"] for figures in kind["grids"].values()]
         assert len(costs) == 4 and costs == sorted(costs)
+
+
+def test_texts_of_several_lengths_are_scored_in_one_call_as_they_are_one_a_call(monkeypatch):
+    import transformers
+
+    from aot.passes import _grid_search
+    from aot.tracing import symbolic_trace
+
+    config = transformers.LlamaConfig(vocab_size=VOCABULARY, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)  # peaked distributions, as a trained model's
+    graph_module = symbolic_trace(model, input_names=["input_ids", "attention_mask", "position_ids"])
+    generator = torch.Generator().manual_seed(2)
+    texts = []
+    for length in (5, 12, 9, 12):
+        ids = torch.randint(0, VOCABULARY, (1, length), generator=generator)
+        texts.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(length)[None]})
+    batched, scored = _grid_search.one_batch(texts)
+    assert len(batched) == 1 and batched[0]["input_ids"].shape == (4, 12) and int(scored.sum()) == 38, "precondition: one padded call"
+    grids = {name: LayerGrid(bits=4, group_size=32) for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+
+    together = FidelityProbe(graph_module, texts, "lm_head", True, "integer")
+    monkeypatch.setattr(_grid_search, "one_batch", lambda inputs: (inputs, None))
+    apart = FidelityProbe(graph_module, texts, "lm_head", True, "integer")
+    assert together.positions == apart.positions == 38
+    for left, right in ((together.score(grids), apart.score(grids)), (together.score({}), apart.score({}))):
+        assert left.top1_agreement == right.top1_agreement
+        assert left.kl_mean == pytest.approx(right.kl_mean, rel=1e-3, abs=1e-7)
+        assert left.kl_max == pytest.approx(right.kl_max, rel=1e-3, abs=1e-7)
+    assert together.score(grids).kl_mean > 10 * together.score({}).kl_mean, "precondition: the grids change the scores"
