@@ -76,6 +76,7 @@ class FidelityProbe:
         self.texts = len(inputs)
         self.inputs, self.scored = one_batch(inputs)
         self.graph_module, self.head = graph_module, head
+        self.at_once = max(1, LOGITS_BYTES // (4 * graph_module.get_submodule(head).out_features))  # positions scored at once
         self.symmetric, self.zero_point = symmetric, zero_point
         self.hidden = _head_input(graph_module, head)
         self.placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
@@ -95,12 +96,14 @@ class FidelityProbe:
         return Score(kl_sum / self.positions, kl_max, agree / self.positions)
 
     def _logits(self) -> Iterator[torch.Tensor]:
-        """``(positions, vocabulary)`` float32 logits of each input."""
+        """``(positions, vocabulary)`` float32 logits of the texts' positions, a bounded number of positions at a time
+        (a 1B decoder's vocabulary makes half a gigabyte of them for 1,000 positions, and scoring copies them)."""
         head = self.graph_module.get_submodule(self.head)
         with torch.no_grad():
             for hidden in _run_in_lockstep(self.graph_module, self.hidden, self.inputs, self.placeholders):
                 rows = hidden.reshape(-1, hidden.shape[-1])
-                yield head(rows if self.scored is None else rows[self.scored]).float()
+                for chunk in (rows if self.scored is None else rows[self.scored]).split(self.at_once):
+                    yield head(chunk).float()
 
     @contextmanager
     def _rounded(self, grids: Mapping[str, LayerGrid]) -> Iterator[None]:
@@ -119,6 +122,8 @@ class FidelityProbe:
             for linear in patched:
                 del linear.forward  # the class's forward again
 
+
+LOGITS_BYTES = 64 * 2**20  # float32 logits scored at once
 
 SEQUENCE_INPUTS = ("input_ids", "attention_mask", "position_ids")  # a decoder step's (aot.decoding.names)
 

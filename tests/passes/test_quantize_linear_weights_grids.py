@@ -233,10 +233,13 @@ def test_texts_of_several_lengths_are_scored_in_one_call_as_they_are_one_a_call(
     grids = {name: LayerGrid(bits=4, group_size=32) for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
     together = FidelityProbe(graph_module, texts, "lm_head", True, "integer")
+    monkeypatch.setattr(_grid_search, "LOGITS_BYTES", 4 * VOCABULARY * 5)  # the logits of 5 positions at a time
+    in_chunks = FidelityProbe(graph_module, texts, "lm_head", True, "integer")
     monkeypatch.setattr(_grid_search, "one_batch", lambda inputs: (inputs, None))
     apart = FidelityProbe(graph_module, texts, "lm_head", True, "integer")
-    assert together.positions == apart.positions == 38
-    for left, right in ((together.score(grids), apart.score(grids)), (together.score({}), apart.score({}))):
+    assert together.positions == in_chunks.positions == apart.positions == 38 and len(in_chunks.reference) == 8
+    for left, right in ((together.score(grids), apart.score(grids)), (together.score({}), apart.score({})),
+                        (together.score(grids), in_chunks.score(grids))):
         assert left.top1_agreement == right.top1_agreement
         assert left.kl_mean == pytest.approx(right.kl_mean, rel=1e-3, abs=1e-7)
         assert left.kl_max == pytest.approx(right.kl_max, rel=1e-3, abs=1e-7)
