@@ -46,7 +46,7 @@ def _without_local_functions(hooks: Any) -> Any:
     ``weight_g`` / ``weight_v`` names), and pickle names functions by where they are defined."""
     if not isinstance(hooks, dict):
         return hooks
-    kept = type(hooks)() if type(hooks) is not dict else {}
+    kept = type(hooks)()  # an OrderedDict stays one
     for key, hook in hooks.items():
         if "<locals>" not in getattr(getattr(hook, "hook", hook), "__qualname__", ""):
             kept[key] = hook
