@@ -31,6 +31,18 @@ class ConvNet(torch.nn.Module):
         return {"logits": logits, "extra": (features, torch.nn.functional.gelu(features))}
 
 
+class WeightNormConv(torch.nn.Module):
+    """wav2vec2's positional embedding in small: a grouped Conv1d under torch's weight_norm parametrization."""
+
+    def __init__(self):
+        super().__init__()
+        conv = torch.nn.Conv1d(8, 8, kernel_size=5, padding=2, groups=2)
+        self.conv = torch.nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.conv(x))
+
+
 def convnet() -> ConvNet:
     torch.manual_seed(0)
     model = ConvNet().eval()

@@ -11,7 +11,7 @@ from aot.export import save_graph_module
 from aot.tracing import symbolic_trace
 from aot.tracing.outputs import flatten_outputs
 from tests.export.isolated import run_isolated
-from tests.export.models import text_inputs
+from tests.export.models import WeightNormConv, text_inputs
 
 
 def _tiny_llama() -> transformers.LlamaModel:
@@ -94,17 +94,6 @@ def test_gemma_rms_norms_with_weight_offset_by_one_save_and_run_standalone(tmp_p
     assert "import transformers" not in (tmp_path / "gm" / "module.py").read_text()
     _assert_standalone_matches_eager(model, tmp_path, tolerance=1e-4)
 
-
-class WeightNormConv(torch.nn.Module):
-    """wav2vec2's positional embedding in small: a grouped Conv1d under torch's weight_norm parametrization."""
-
-    def __init__(self):
-        super().__init__()
-        conv = torch.nn.Conv1d(8, 8, kernel_size=5, padding=2, groups=2)
-        self.conv = torch.nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
-
-    def forward(self, x):
-        return torch.nn.functional.gelu(self.conv(x))
 
 
 def test_a_weight_norm_parametrized_conv_is_saved_as_a_plain_conv_holding_the_computed_weight(tmp_path):

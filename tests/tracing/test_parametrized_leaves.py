@@ -13,16 +13,7 @@ from torch.nn.utils import parametrize
 
 from aot.tracing import symbolic_trace
 from aot.tracing.outputs import flatten_outputs
-
-
-class WeightNormConv(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        conv = torch.nn.Conv1d(8, 8, kernel_size=5, padding=2, groups=2)
-        self.conv = torch.nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
-
-    def forward(self, x):
-        return torch.nn.functional.gelu(self.conv(x))
+from tests.export.models import WeightNormConv
 
 
 class Halved(torch.nn.Module):
