@@ -3,8 +3,8 @@
 What is stored is proved with aot's own check (:func:`aot.directory.integrity.verify_directory`): every file
 listed in the manifest and as hashed, nothing else; the entry lists exactly those files, by the digests the
 manifest records, so a restore checks the same bytes the build validated. A file larger than the store's chunk
-size is stored as its chunks (:mod:`aot.cache.chunks`), and is held to the manifest by the digest of those same
-reads, so each byte is read once: its chunks are sent before the check, and a directory that then fails it leaves
+size is stored as its chunks (:mod:`aot.cache.chunks`), sent as the check reads it and held to the manifest by the
+digest of those same reads, so each byte is read once: a directory that fails the check after some were sent leaves
 only blobs no entry names (``aot cache prune`` removes them), never an entry. A blob already in the store at its
 size is not sent again (another build, or another key, made the same file or chunk).
 """
@@ -21,19 +21,27 @@ from aot.cache.entry import CacheEntry, StoredFile
 from aot.cache.key import BuildKey
 from aot.cache.store import CacheStore
 from aot.directory.integrity import verify_directory
-from aot.directory.manifest import MANIFEST_NAME, read_manifest
+from aot.directory.manifest import MANIFEST_NAME
 
 
 def save_build(store: CacheStore, key: BuildKey, directory: Path, name: str, report: dict[str, Any]) -> CacheEntry:
     """Store ``directory`` (a build's, just verified) under ``key``; its blobs first, its entry last."""
-    chunked = {relative: _put_chunks(store, directory / relative) for relative in _large_files(directory, store.chunk_bytes)}
-    integrity = verify_directory(directory, hashed={relative: file_sha256 for relative, (_, file_sha256) in chunked.items()})
+    chunked: dict[str, tuple[str, ...]] = {}
+
+    def send_in_chunks(relative: str, path: Path) -> str | None:
+        """A large file's chunks sent as the check reads it; its sha256 from those reads (None: a file stored whole)."""
+        if path.stat().st_size <= store.chunk_bytes:
+            return None
+        chunked[relative], sha256 = _put_chunks(store, path)
+        return sha256
+
+    integrity = verify_directory(directory, digest=send_in_chunks)
     recorded = {relative: (described["sha256"], described["bytes"]) for relative, described in integrity.manifest["artifacts"].items()}
     recorded[MANIFEST_NAME] = (integrity.manifest_sha256, (directory / MANIFEST_NAME).stat().st_size)
     files = {}
     for relative, (sha256, size) in sorted(recorded.items()):
         if relative in chunked:
-            files[relative] = StoredFile(sha256, size, chunked[relative][0], store.chunk_bytes)
+            files[relative] = StoredFile(sha256, size, chunked[relative], store.chunk_bytes)
         else:
             files[relative] = StoredFile(sha256, size)
             if not store.has_blob(sha256, size):
@@ -42,17 +50,6 @@ def save_build(store: CacheStore, key: BuildKey, directory: Path, name: str, rep
                        manifest_sha256=integrity.manifest_sha256, files=files, report=report, inputs=key.document)
     store.write_entry(entry)
     return entry
-
-
-def _large_files(directory: Path, chunk_bytes: int) -> list[str]:
-    """The files the manifest lists at more than ``chunk_bytes`` that are there (verify_directory judges the rest)."""
-    try:
-        listed = read_manifest(directory)["artifacts"]
-        return sorted(relative for relative, described in listed.items()
-                      if described["bytes"] > chunk_bytes and (directory / relative).is_file() and not (directory / relative).is_symlink()
-                      and (directory / relative).resolve().is_relative_to(directory.resolve()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return []  # not a manifest this can read: verify_directory says what is wrong with it
 
 
 def _put_chunks(store: CacheStore, path: Path) -> tuple[tuple[str, ...], str]:

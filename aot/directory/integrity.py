@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -43,12 +43,13 @@ class IntegrityReport:
 
 
 def verify_directory(directory: str | Path, expect_sha256: str | None = None, *,
-                     hashed: Mapping[str, str] | None = None) -> IntegrityReport:
+                     digest: Callable[[str, Path], str | None] | None = None) -> IntegrityReport:
     """Raise IntegrityError (exit 7) unless ``directory`` holds exactly the files its manifest lists.
 
-    ``hashed``: ``{relative path: sha256}`` of files the caller has just hashed from their bytes for a purpose of its
-    own (model-signing's hashing of every file, the cache's chunking of a large one). Such a file is held to the
-    manifest by that digest instead of being read a second time; every other check is the same.
+    ``digest(relative, path)``: called for each listed file once its place, kind and size have passed, for the sha256
+    of its bytes as the caller reads them for a purpose of its own (model-signing's hashing of every file, the cache
+    sending a large one as chunks), so that no file is read twice; None leaves the reading to this check. The file is
+    held to the manifest by that digest; every other check is the same.
     """
     directory = Path(directory)
     manifest_path = directory / MANIFEST_NAME
@@ -60,9 +61,8 @@ def verify_directory(directory: str | Path, expect_sha256: str | None = None, *,
         raise IntegrityError(f"{manifest_path}: sha256 is {manifest_sha256}, not the expected {expect_sha256}")
     manifest = _parse(manifest_path, data)
     root = directory.resolve()
-    hashed = hashed or {}
     for relative, recorded in manifest["artifacts"].items():
-        _check_file(root, relative, recorded, manifest_path, hashed.get(relative))
+        _check_file(root, relative, recorded, manifest_path, digest)
     listed = set(manifest["artifacts"]) | {MANIFEST_NAME}
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root).as_posix()
@@ -89,7 +89,8 @@ def _parse(manifest_path: Path, data: bytes) -> dict[str, Any]:
     return manifest
 
 
-def _check_file(root: Path, relative: str, recorded: dict[str, Any], manifest_path: Path, hashed: str | None) -> None:
+def _check_file(root: Path, relative: str, recorded: dict[str, Any], manifest_path: Path,
+                digest: Callable[[str, Path], str | None] | None) -> None:
     parts = PurePosixPath(relative).parts
     if not parts or PurePosixPath(relative).is_absolute() or ".." in parts or "\\" in relative:
         raise IntegrityError(f"{manifest_path}: artifact path '{relative}' points outside {root}")
@@ -100,5 +101,5 @@ def _check_file(root: Path, relative: str, recorded: dict[str, Any], manifest_pa
         raise IntegrityError(f"{path}: listed in {MANIFEST_NAME} but missing")
     if path.stat().st_size != recorded["bytes"]:
         raise IntegrityError(f"{path}: {path.stat().st_size} bytes, {MANIFEST_NAME} says {recorded['bytes']} (modified after the build)")
-    if (hashed or sha256_file(path)) != recorded["sha256"]:
+    if ((digest and digest(relative, path)) or sha256_file(path)) != recorded["sha256"]:
         raise IntegrityError(f"{path}: sha256 differs from {MANIFEST_NAME} (the file was modified after the build)")

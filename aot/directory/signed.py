@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -105,7 +106,7 @@ def sign_build(directory: str | Path, key: str | Path, *, signature: str | Path 
         # Kept only if what was signed is what the manifest proves (exit 7 otherwise, nothing written): the files are
         # held to it by the digests model-signing just made, so each is read once and none can change in between.
         signed = signed_files_of(unchecked)
-        integrity = verify_directory(directory, hashed=_file_digests(signed))
+        integrity = verify_directory(directory, digest=_file_digests(signed))
         _check_signed_as_listed(directory, signed, integrity)
         signature_bytes = unchecked.read_bytes()
     with written_whole(*targets) as temporaries:
@@ -149,10 +150,11 @@ def _certificate_form(signing_key: Any, certificate: str | Path | None, chain: t
     return Certificate(Path(certificate), tuple(map(Path, chain)))
 
 
-def _file_digests(signed: Any) -> dict[str, str]:
-    """The signed files' digests where they are plain SHA-256 of each file, as the manifest's are (aot signs so; a
-    signature made with model-signing's sharded hashing holds other digests, and the files are then read again)."""
-    return signed.files if signed.algorithm == "sha256" else {}
+def _file_digests(signed: Any) -> Callable[[str, Path], str | None] | None:
+    """The signed files' digests, for verify_directory, where they are plain SHA-256 of each file, as the manifest's
+    are (aot signs so; a signature made with model-signing's sharded hashing holds other digests, and the files are
+    then read again)."""
+    return (lambda relative, path: signed.files.get(relative)) if signed.algorithm == "sha256" else None
 
 
 def _check_signed_as_listed(directory: Path, signed: Any, integrity: IntegrityReport) -> None:
@@ -207,7 +209,7 @@ def verify_build(directory: str | Path, *, signature: str | Path | None = None, 
     directory = Path(directory)
     signed, manifest_sha256 = _verified_signature(directory, signature, public_key, tuple(certificate_chain),
                                                   expect_sha256, "aot verify")
-    integrity = verify_directory(directory, manifest_sha256, hashed=_file_digests(signed))  # model-signing just hashed them
+    integrity = verify_directory(directory, manifest_sha256, digest=_file_digests(signed))  # model-signing just hashed them
     report = VerifyReport(directory, signed.signature, integrity.manifest_sha256, signed.model_digest, len(signed.files),
                           integrity.files_checked, signed.signer)
     if provenance is not None:
