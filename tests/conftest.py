@@ -181,3 +181,15 @@ def run_aot(*args, cwd=None, timeout=600, env=None, input=None):
     command = [sys.executable, "-c", "from aot.cli import entry_point; entry_point()", *map(str, args)]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, input=input)
+
+
+def run_aot_here(*args, input=None):
+    """``aot ARGS`` in this process through click's runner, answered as :func:`run_aot` answers (``returncode``,
+    ``stdout``, ``stderr``): for what the command computes and its own errors' exit codes, without the second or more a
+    fresh interpreter takes to import torch. What only the console entry point does (click's usage errors as one line,
+    signals) still needs :func:`run_aot`."""
+    import subprocess
+
+    arguments = [str(a) for a in args]
+    result = CliRunner().invoke(main, arguments, input=input, catch_exceptions=False)
+    return subprocess.CompletedProcess(["aot", *arguments], result.exit_code, result.stdout, result.stderr)

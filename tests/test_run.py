@@ -13,7 +13,7 @@ import aot
 from aot.builder.spine import build
 from aot.recipe.load import load_recipe
 from aot.recipe.plan import plan_build
-from tests.conftest import rehash_manifest, run_aot
+from tests.conftest import rehash_manifest, run_aot, run_aot_here
 from tests.test_shipped_recipes import tiny_overrides  # gpt2.yaml at its tiny size: the decoder's code path, in seconds
 
 pytestmark = pytest.mark.artifact
@@ -73,25 +73,25 @@ def test_an_encoder_gives_sentence_transformers_embeddings(builds, runtime):
     from sentence_transformers import SentenceTransformer
 
     expected = torch.from_numpy(SentenceTransformer(str(_minilm_directory()), device="cpu").encode(SENTENCES))  # normalised
-    answer = _json(run_aot("run", builds["encoder"], *SENTENCES, "--runtime", runtime, "--json"))
+    answer = _json(run_aot_here("run", builds["encoder"], *SENTENCES, "--runtime", runtime, "--json"))
     assert answer["task"] == "encoder" and answer["runtime"] == runtime and answer["pooling"] == "mean"
     vectors = torch.nn.functional.normalize(torch.tensor([item["embedding"] for item in answer["items"]]), dim=1)
     assert vectors.shape == (4, 384)
     torch.testing.assert_close(vectors, expected, atol=1e-4, rtol=1e-4)  # minilm.yaml's tolerances
-    similarity = _json(run_aot("run", builds["encoder"], *SENTENCES[:2], "--runtime", runtime, "--similarity", "--json"))["similarity"]
+    similarity = _json(run_aot_here("run", builds["encoder"], *SENTENCES[:2], "--runtime", runtime, "--similarity", "--json"))["similarity"]
     assert similarity[0][1] == pytest.approx(float(expected[0] @ expected[1]), abs=1e-4)
-    assert run_aot("run", builds["encoder"], *SENTENCES[:2], "--similarity").stdout.startswith("similarity: 0.")
+    assert run_aot_here("run", builds["encoder"], *SENTENCES[:2], "--similarity").stdout.startswith("similarity: 0.")
 
 
 def test_texts_from_a_file_jsonl_and_stdin_answer_as_arguments_do(builds, tmp_path):
-    by_arguments = _json(run_aot("run", builds["encoder"], *SENTENCES, "--json"))["items"]
+    by_arguments = _json(run_aot_here("run", builds["encoder"], *SENTENCES, "--json"))["items"]
     lines = tmp_path / "texts.txt"
     lines.write_text("\n".join(SENTENCES) + "\n")
     records = tmp_path / "texts.jsonl"
     records.write_text("".join(json.dumps({"id": i, "sentence": text}) + "\n" for i, text in enumerate(SENTENCES)))
-    for result in (run_aot("run", builds["encoder"], "--file", lines, "--json"),
-                   run_aot("run", builds["encoder"], "--file", records, "--field", "sentence", "--json"),
-                   run_aot("run", builds["encoder"], "--json", input="\n".join(SENTENCES) + "\n")):
+    for result in (run_aot_here("run", builds["encoder"], "--file", lines, "--json"),
+                   run_aot_here("run", builds["encoder"], "--file", records, "--field", "sentence", "--json"),
+                   run_aot_here("run", builds["encoder"], "--json", input="\n".join(SENTENCES) + "\n")):
         assert _json(result)["items"] == by_arguments
 
 
@@ -115,8 +115,9 @@ def test_bad_input_is_one_line_and_exit_2(builds, tmp_path):
 
 def test_a_text_longer_than_the_build_is_cut_and_said_so(builds):
     long_text = "the quick brown fox jumps over the lazy dog " * 40  # 360 tokens; minilm.yaml's sequence max is 256
-    answer = _json(run_aot("run", builds["encoder"], "short", long_text, "--json"))
+    answer = _json(run_aot_here("run", builds["encoder"], "short", long_text, "--json"))
     assert answer["truncated"] == [1]
+    # a fresh process: the warning reaches stderr through the logging aot.cli sets up, which pytest's own handlers preempt here
     result = run_aot("run", builds["encoder"], "short", long_text)
     assert "text 2 is 362 tokens long: cut to the build's 256" in result.stderr, result.stderr
 
@@ -124,13 +125,13 @@ def test_a_text_longer_than_the_build_is_cut_and_said_so(builds):
 def test_a_directory_that_fails_verification_runs_nothing(builds, tmp_path):
     directory = Path(shutil.copytree(builds["encoder"], tmp_path / "minilm"))
     (directory / "model.onnx.data").write_bytes(b"\0" * 16)
-    result = run_aot("run", directory, "hello")
+    result = run_aot_here("run", directory, "hello")
     assert result.returncode == 7 and "model.onnx.data" in result.stderr, result.stderr
 
 
 def test_a_decoder_generates_the_same_text_on_both_runtimes(builds):
     prompts = ["Once upon a time", "The weather today"]
-    answers = {runtime: _json(run_aot("run", builds["decoder"], *prompts, "--runtime", runtime, "--max-new-tokens", "8", "--json"))
+    answers = {runtime: _json(run_aot_here("run", builds["decoder"], *prompts, "--runtime", runtime, "--max-new-tokens", "8", "--json"))
                for runtime in ("onnx", "torch")}
     assert answers["onnx"]["task"] == "decoder"
     assert answers["onnx"]["items"] == answers["torch"]["items"]
@@ -144,7 +145,7 @@ def test_a_decoder_generates_the_same_text_on_both_runtimes(builds):
 def test_a_classifier_names_its_labels_with_eager_scores(builds):
     import transformers
 
-    answer = _json(run_aot("run", builds["classifier"], *SENTENCES[:3], "--top", "2", "--json"))
+    answer = _json(run_aot_here("run", builds["classifier"], *SENTENCES[:3], "--top", "2", "--json"))
     assert answer["task"] == "classifier"
     eager = transformers.BertForSequenceClassification.from_pretrained(str(builds["classifier"].parent / "classifier")).eval()
     tokenizer = aot.load(builds["classifier"]).tokenizer
@@ -153,7 +154,7 @@ def test_a_classifier_names_its_labels_with_eager_scores(builds):
     for item, row in zip(answer["items"], scores):
         assert [label["label"] for label in item["labels"]] == [LABELS[int(i)] for i in row.topk(2).indices]
         assert item["labels"][0]["score"] == pytest.approx(float(row.max()), abs=1e-5)
-    text = run_aot("run", builds["classifier"], SENTENCES[0]).stdout
+    text = run_aot_here("run", builds["classifier"], SENTENCES[0]).stdout
     assert text.startswith(f"{SENTENCES[0]}: ") and any(label in text for label in LABELS.values())
 
 
@@ -194,7 +195,7 @@ def test_a_vision_build_labels_image_files_with_eager_scores(vision_build, tmp_p
     from aot.recipe.load import load_recipe
 
     images = [_image(tmp_path / "wide.png", 0, (90, 140)), _image(tmp_path / "tall.jpg", 1, (200, 70))]
-    answers = {runtime: _json(run_aot("run", vision_build, *images, "--runtime", runtime, "--top", "3", "--json")) for runtime in ("onnx", "torch")}
+    answers = {runtime: _json(run_aot_here("run", vision_build, *images, "--runtime", runtime, "--top", "3", "--json")) for runtime in ("onnx", "torch")}
     assert answers["onnx"]["task"] == "vision" and [item["image"] for item in answers["onnx"]["items"]] == list(map(str, images))
     loaded = load_recipe(RECIPES / "resnet.yaml")
     settings = {key: value for key, value in loaded.recipe.model.image_processor.items() if key != "image_processor_type"}
@@ -208,12 +209,12 @@ def test_a_vision_build_labels_image_files_with_eager_scores(vision_build, tmp_p
         for item, row in zip(answer["items"], scores):
             assert [label["label"] for label in item["labels"]] == [f"LABEL_{int(i)}" for i in row.topk(3).indices], runtime
             assert [label["score"] for label in item["labels"]] == pytest.approx(row.topk(3).values.tolist(), abs=1e-5), runtime
-    text = run_aot("run", vision_build, images[0]).stdout
+    text = run_aot_here("run", vision_build, images[0]).stdout
     assert text.startswith(f"{images[0]}: LABEL_"), text
     not_an_image = tmp_path / "notes.png"
     not_an_image.write_text("not pixels")
     for path, message in ((not_an_image, "not an image Pillow reads"), (tmp_path / "absent.png", "No such file")):
-        result = run_aot("run", vision_build, path)
+        result = run_aot_here("run", vision_build, path)
         assert result.returncode == 2 and f"{path}: cannot read the image: {message}" in result.stderr, result.stderr
 
 
@@ -223,10 +224,10 @@ def test_token_ids_run_a_build_that_ships_no_tokenizer(tiny_build):
 
     manifest = json.loads((tiny_build / "manifest.json").read_text())
     assert not manifest["deployment"]["tokenizer"], "the precondition: no tokenizer ships"
-    refused = run_aot("run", tiny_build, "hello")
+    refused = run_aot_here("run", tiny_build, "hello")
     assert refused.returncode == 2 and "ships no tokenizer" in refused.stderr
     rows = [[2, 17, 99, 3], [2, 5, 3]]
-    answer = _json(run_aot("run", tiny_build, "--ids", "2 17 99 3", "--ids", "2,5,3", "--json"))
+    answer = _json(run_aot_here("run", tiny_build, "--ids", "2 17 99 3", "--ids", "2,5,3", "--json"))
     assert [item["ids"] for item in answer["items"]] == rows
     module = load_standalone(tiny_build / "graph_module")
     ids = torch.tensor([rows[0], rows[1] + [0]])
@@ -236,5 +237,5 @@ def test_token_ids_run_a_build_that_ships_no_tokenizer(tiny_build):
     torch.testing.assert_close(torch.tensor([item["embedding"] for item in answer["items"]]), expected, atol=1e-5, rtol=1e-5)
     for arguments, message in ((("--ids", "2 x 3"), "--ids 1: '2 x 3' is not integers"), (("--ids", "2 500"), "500 is outside the vocabulary (0..127)"),
                                (("hello", "--ids", "2"), "either --ids or texts")):
-        result = run_aot("run", tiny_build, *arguments)
+        result = run_aot_here("run", tiny_build, *arguments)
         assert result.returncode == 2 and message in result.stderr, result.stderr

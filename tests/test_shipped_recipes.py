@@ -91,22 +91,27 @@ LESS_WORK = {
 CHECKPOINT_BYTES = 200 * 2**20
 
 
+def less_work(recipe: Path) -> list[str]:
+    """The ``--set`` arguments of LESS_WORK for the sections the recipe at ``recipe`` has."""
+    sections = load_recipe(recipe).resolved()
+    return [setting for section, settings in LESS_WORK.items() if _has(sections, section) for setting in settings]
+
+
 def tiny_overrides(name: str) -> list[str]:
     """The ``--set`` arguments that build shipped recipe ``name`` at its family's tiny size (the sizes a small checkpoint
     has), with LESS_WORK for the sections it has."""
     loaded = load_recipe(RECIPES_DIR / name)
-    sections = loaded.resolved()
-    less_work = [setting for section, settings in LESS_WORK.items() if _has(sections, section) for setting in settings]
+    less_work_settings = less_work(RECIPES_DIR / name)
     config = loaded.recipe.model.config
     if config is None:
         checkpoint = plan_build(loaded).model.pretrained
         assert checkpoint is not None, f"{name}: neither an inline config nor a checkpoint: TINY has no size for it"
         weights = sum(path.stat().st_size for path in checkpoint.rglob("*") if path.suffix in (".safetensors", ".bin"))
         assert 0 < weights <= CHECKPOINT_BYTES, f"{name}: a checkpoint of {weights} bytes is too large to build in the artifact tier"
-        return less_work
+        return less_work_settings
     sizes = TINY.get(config["model_type"])
     assert sizes, f"{name}: no tiny size for model_type {config['model_type']!r}: add one to TINY in tests/test_shipped_recipes.py"
-    return [f"model.config.{key}={json.dumps(value)}" for key, value in sizes.items()] + less_work
+    return [f"model.config.{key}={json.dumps(value)}" for key, value in sizes.items()] + less_work_settings
 
 
 def _has(data: dict, dotted: str) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import rehash_manifest as _rehash
-from tests.conftest import run_aot
+from tests.conftest import run_aot, run_aot_here  # run_aot: where code planted in the directory could run
 
 PAYLOAD_MARK = "aot-test-payload-ran"
 
@@ -35,7 +35,7 @@ def _assert_integrity_failure(result, *fragments: str) -> None:
 @pytest.mark.artifact
 def test_untouched_build_validates(copy_build):
     build = copy_build()
-    result = run_aot("validate", build, "--expect-sha256", _manifest_sha256(build))
+    result = run_aot_here("validate", build, "--expect-sha256", _manifest_sha256(build))
     assert result.returncode == 0, result.stderr
     assert "files match the manifest" in result.stdout
 
@@ -82,7 +82,7 @@ def test_paths_outside_the_directory_are_refused(copy_build):
     manifest = json.loads((build / "manifest.json").read_text())
     manifest["artifacts"]["../../etc/hostname"] = {"sha256": "0" * 64, "bytes": 1}
     (build / "manifest.json").write_text(json.dumps(manifest))
-    _assert_integrity_failure(run_aot("validate", build), "../../etc/hostname", "outside")
+    _assert_integrity_failure(run_aot_here("validate", build), "../../etc/hostname", "outside")
 
 
 @pytest.mark.artifact
@@ -93,14 +93,14 @@ def test_a_link_in_place_of_an_artifact_is_refused(copy_build, tmp_path):
     outside.write_bytes(module.read_bytes())
     module.unlink()
     os.symlink(outside, module)
-    _assert_integrity_failure(run_aot("validate", build), "module.py", "link")
+    _assert_integrity_failure(run_aot_here("validate", build), "module.py", "link")
 
 
 @pytest.mark.artifact
 def test_unlisted_files_are_reported(copy_build):
     build = copy_build()
     (build / "graph_module" / "sitecustomize.py").write_text("print('hi')\n")
-    _assert_integrity_failure(run_aot("validate", build), "sitecustomize.py", "not listed")
+    _assert_integrity_failure(run_aot_here("validate", build), "sitecustomize.py", "not listed")
 
 
 @pytest.mark.artifact
@@ -113,14 +113,14 @@ def test_a_broken_manifest_is_an_integrity_failure(copy_build, content, fragment
     build = copy_build()
     path = build / "manifest.json"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    _assert_integrity_failure(run_aot("validate", build), "manifest.json", fragment)
+    _assert_integrity_failure(run_aot_here("validate", build), "manifest.json", fragment)
 
 
 @pytest.mark.artifact
 def test_a_missing_artifact_is_named(copy_build):
     build = copy_build()
     (build / "model.onnx.data").unlink()
-    _assert_integrity_failure(run_aot("validate", build), "model.onnx.data", "missing")
+    _assert_integrity_failure(run_aot_here("validate", build), "model.onnx.data", "missing")
 
 
 @pytest.mark.artifact
