@@ -96,10 +96,9 @@ def test_tampered_weights_fail_validate(cli, write_recipe, tmp_path):
 
 
 @pytest.mark.artifact
-def test_killed_build_leaves_previous_output_untouched(write_recipe, tmp_path):
-    recipe, output = write_recipe(), tmp_path / "out"
+def test_killed_build_leaves_previous_output_untouched(write_recipe, copy_build, cli, tmp_path):
+    recipe, output = write_recipe(), copy_build("out")  # the earlier build: the session's tiny one
     command = [sys.executable, "-m", "aot.cli", "build", str(recipe), "-o", str(output)]
-    subprocess.run(command, check=True, capture_output=True, cwd=tmp_path)
     before = _tree_bytes(output)
     assert "manifest.json" in before
 
@@ -114,7 +113,8 @@ def test_killed_build_leaves_previous_output_untouched(write_recipe, tmp_path):
     assert _tree_bytes(output) == before
 
     # The next build cleans the dead build's staging directory.
-    subprocess.run(command, check=True, capture_output=True, cwd=tmp_path)
+    result = cli("build", recipe, "-o", output)
+    assert result.exit_code == 0, result.described
     assert not staging.exists()
 
 
