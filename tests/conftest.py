@@ -128,14 +128,16 @@ def write_recipe(tmp_path: Path):
     return write
 
 
+def invoke_aot(*args, input=None):
+    """``aot ARGS`` in this process through click's runner; ``described`` sums the result up for an assertion."""
+    result = CliRunner().invoke(main, [str(a) for a in args], input=input, catch_exceptions=False)
+    result.described = f"exit {result.exit_code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
 @pytest.fixture
 def cli():
-    def invoke(*args: str):
-        result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-        result.described = f"exit {result.exit_code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-        return result
-
-    return invoke
+    return invoke_aot
 
 
 @pytest.fixture(scope="session")
@@ -184,12 +186,11 @@ def run_aot(*args, cwd=None, timeout=600, env=None, input=None):
 
 
 def run_aot_here(*args, input=None):
-    """``aot ARGS`` in this process through click's runner, answered as :func:`run_aot` answers (``returncode``,
+    """``aot ARGS`` in this process (:func:`invoke_aot`), answered as :func:`run_aot` answers (``returncode``,
     ``stdout``, ``stderr``): for what the command computes and its own errors' exit codes, without the second or more a
     fresh interpreter takes to import torch. What only the console entry point does (click's usage errors as one line,
     signals) still needs :func:`run_aot`."""
     import subprocess
 
-    arguments = [str(a) for a in args]
-    result = CliRunner().invoke(main, arguments, input=input, catch_exceptions=False)
-    return subprocess.CompletedProcess(["aot", *arguments], result.exit_code, result.stdout, result.stderr)
+    result = invoke_aot(*args, input=input)
+    return subprocess.CompletedProcess(["aot", *map(str, args)], result.exit_code, result.stdout, result.stderr)

@@ -19,21 +19,18 @@ import onnx
 import pytest
 import torch
 
-from click.testing import CliRunner
-
 from aot.builder.spine import build
-from aot.cli import main
 from aot.export import run_onnx
 from aot.inputs import dim_ranges, dynamic_axes, onnx_input_names, shape_cases
 from aot.models import load_model
-from aot.recipe.load import fidelity_gate, load_recipe
+from aot.recipe.load import LoadedRecipe, fidelity_gate, load_recipe
 from aot.recipe.plan import plan_build
 from aot.tracing.export_trace import INFERRED
 from aot.gates.accuracy import make_gate
 from aot.gates.compare import eager_outputs
 from aot.gates.compare import compare_outputs, eager_runner
 from aot.tracing.outputs import flatten_outputs
-from tests.conftest import rehash_manifest
+from tests.conftest import invoke_aot, rehash_manifest
 from tests.export.isolated import run_isolated
 
 RECIPES_DIR = Path(__file__).parents[1] / "recipes"
@@ -91,17 +88,22 @@ LESS_WORK = {
 CHECKPOINT_BYTES = 200 * 2**20
 
 
-def less_work(recipe: Path) -> list[str]:
-    """The ``--set`` arguments of LESS_WORK for the sections the recipe at ``recipe`` has."""
-    sections = load_recipe(recipe).resolved()
+def less_work(loaded: LoadedRecipe) -> list[str]:
+    """The ``--set`` arguments of LESS_WORK for the sections the loaded recipe ``loaded`` has."""
+    sections = loaded.resolved()
     return [setting for section, settings in LESS_WORK.items() if _has(sections, section) for setting in settings]
+
+
+def set_options(settings: list[str]) -> list[str]:
+    """``settings`` as ``aot build`` takes them: ``--set KEY=VALUE`` each."""
+    return [argument for setting in settings for argument in ("--set", setting)]
 
 
 def tiny_overrides(name: str) -> list[str]:
     """The ``--set`` arguments that build shipped recipe ``name`` at its family's tiny size (the sizes a small checkpoint
     has), with LESS_WORK for the sections it has."""
     loaded = load_recipe(RECIPES_DIR / name)
-    less_work_settings = less_work(RECIPES_DIR / name)
+    less_work_settings = less_work(loaded)
     config = loaded.recipe.model.config
     if config is None:
         checkpoint = plan_build(loaded).model.pretrained
@@ -132,8 +134,8 @@ class _TinyBuilds(dict):
     def __missing__(self, name: str):
         output = self.root / Path(name).stem
         overrides = tiny_overrides(name)
-        arguments = ["build", str(RECIPES_DIR / name), "-o", str(output)] + [a for o in overrides for a in ("--set", o)]
-        result = CliRunner().invoke(main, arguments, catch_exceptions=False)
+        arguments = ["build", str(RECIPES_DIR / name), "-o", str(output)] + set_options(overrides)
+        result = invoke_aot(*arguments)
         described = f"aot {' '.join(arguments)}: exit {result.exit_code}\n{result.stderr}"
         self[name] = (output if result.exit_code == 0 else None, overrides, described)
         return self[name]

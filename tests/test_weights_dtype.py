@@ -124,7 +124,7 @@ def _recipe(root: Path, checkpoint: Path, weights_dtype: str | None) -> Path:
 @pytest.mark.artifact
 def test_narrow_weights_build_the_same_artifacts_with_a_half_size_embedding(tmp_path, bfloat16_checkpoint):
     recipes = {dtype: _recipe(tmp_path, bfloat16_checkpoint, dtype) for dtype in (None, "bfloat16")}
-    outputs = {dtype: Path(build(load_recipe(recipe, overrides=less_work(recipe)), tmp_path / f"out-{dtype}").output)
+    outputs = {dtype: Path(build(load_recipe(recipe, overrides=less_work(load_recipe(recipe))), tmp_path / f"out-{dtype}").output)
                for dtype, recipe in recipes.items()}
     tensors = {}
     for dtype, output in outputs.items():

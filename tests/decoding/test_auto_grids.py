@@ -11,8 +11,9 @@ import pytest
 
 from aot.export.graph_module_artifact import load as load_graph_module
 from aot.passes._weight_grids import layer_kind
+from aot.recipe.load import load_recipe
 from aot.runtime import WeightOnlyLinear
-from tests.test_shipped_recipes import less_work  # the fidelity gate's code path on fewer prompts and tokens
+from tests.test_shipped_recipes import less_work, set_options  # the fidelity gate's code path on fewer prompts and tokens
 
 RECIPES = Path(__file__).parents[2] / "recipes"
 FIXED_PASS = "quantize_linear_weights: {bits: 4, group_size: 32}"
@@ -46,7 +47,7 @@ def test_auto_without_a_fidelity_gate_is_refused_naming_the_pass(auto_recipe, cl
 @pytest.mark.artifact
 def test_an_auto_build_records_its_choice_and_meets_its_gate(auto_recipe, cli):
     out = auto_recipe.parent / "out"
-    result = cli("build", auto_recipe, "-o", out, *(argument for setting in less_work(auto_recipe) for argument in ("--set", setting)))
+    result = cli("build", auto_recipe, "-o", out, *set_options(less_work(load_recipe(auto_recipe))))
     assert result.exit_code == 0, result.described
     manifest = json.loads((out / "manifest.json").read_text())
     record = next(record for record in manifest["passes"] if record["name"] == "quantize_linear_weights")

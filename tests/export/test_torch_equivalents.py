@@ -95,7 +95,6 @@ def test_gemma_rms_norms_with_weight_offset_by_one_save_and_run_standalone(tmp_p
     _assert_standalone_matches_eager(model, tmp_path, tolerance=1e-4)
 
 
-
 def test_a_weight_norm_parametrized_conv_is_saved_as_a_plain_conv_holding_the_computed_weight(tmp_path):
     from aot.export import load_standalone
 
