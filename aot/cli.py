@@ -317,8 +317,19 @@ def check(context: click.Context, recipe: str, overrides: tuple[str, ...], as_js
         click.echo(f"ok: {report.summary()}")
 
 
+def _sha256_option(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+    """A malformed digest is a usage error before anything loads (exit 2)."""
+    from aot.directory.integrity import expected_sha256
+    from aot.errors import RecipeError
+
+    try:
+        return expected_sha256(value)
+    except RecipeError as error:
+        raise click.BadParameter(str(error), context, parameter) from None
+
+
 _EXPECT_SHA256 = click.option(
-    "--expect-sha256", metavar="HEX",
+    "--expect-sha256", metavar="HEX", callback=_sha256_option,
     help="The sha256 of manifest.json as its builder published it (aot build prints it): "
     "proves every file of a directory from elsewhere before anything in it runs.",
 )
@@ -404,15 +415,15 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.argument("target", type=click.Path(exists=True, path_type=str))
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str), help="Where to build when TARGET is a recipe.")
 @click.option("-s", "--shape", "shapes", multiple=True, help="Grid dim, e.g. -s batch=1,8 -s sequence=128 (product).")
-@click.option("--runs", default=30, show_default=True, help="Timed rounds per shape.")
-@click.option("--warmup", default=3, show_default=True, help="Untimed calls per runner first.")
-@click.option("--threads", type=int, help="Intra-op threads for torch and ONNX Runtime (default: torch's).")
+@click.option("--runs", type=click.IntRange(min=1), default=30, show_default=True, help="Timed rounds per shape.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed calls per runner first.")
+@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads for torch and ONNX Runtime (default: torch's).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=str), help="Also draw the speedups as a PNG chart.")
 @click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'int8' (ONNX Runtime's and torch.ao's dynamic int8 quantisation), 'all' (both, + torch.compile freezing); for a CUDA build 'cuda' (eager float16 and float32, the GraphModule without its CUDA graph buckets, torch.compile with and without CUDA graphs); peers' names, or a comma list of these.")
-@click.option("--gap-ms", default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")
+@click.option("--gap-ms", type=click.FloatRange(min=0), default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")
 @click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
-@click.option("--new-tokens", default=32, show_default=True, help="A decoder build: tokens each timed generation makes (its dims: -s batch=1,2 -s prompt=32,128).")
+@click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="A decoder build: tokens each timed generation makes (its dims: -s batch=1,2 -s prompt=32,128).")
 @click.option("--recipe", type=click.Path(dir_okay=False, path_type=str),
               help="Recipe to rebuild the eager model from (default: the one the manifest names, else the build's copy).")
 @_EXPECT_SHA256
@@ -523,9 +534,9 @@ def _print_bench(report) -> None:
               "for an encoder or a classifier, and the way into a build that ships no tokenizer.")
 @click.option("--pooling", type=click.Choice(["mean", "cls", "none"]), help="An encoder's pooling (default: the recipe's, else mean).")
 @click.option("--similarity", is_flag=True, help="An encoder: the cosine similarity of every pair of texts.")
-@click.option("--top", default=3, show_default=True, help="A classifier: labels shown per text.")
+@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True, help="A classifier: labels shown per text.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="A decoder: tokens generated per prompt (greedy; stops at eos).")
-@click.option("--threads", type=int, help="ONNX Runtime's intra-op threads (default: its own).")
+@click.option("--threads", type=click.IntRange(min=1), help="ONNX Runtime's intra-op threads (default: its own).")
 @_EXPECT_SHA256
 @_TRUST_CODE
 @_PUBLIC_KEY

@@ -1,10 +1,11 @@
 """What a transformers model will be, known before any of its weights exist.
 
 Building BERT-base takes about a minute on a CPU. The mistakes a recipe can
-make about its model (an unknown config key, an input its ``forward`` does not
-take, a sequence longer than its position embeddings) show in the config and
-the class alone, so :func:`model_blueprint` finds those two and checks them
-first. A factory model is known only once it is built: it has no blueprint, and
+make about its model (an unknown config key, a value the config or the model
+cannot take, an input its ``forward`` does not take, a sequence longer than its
+position embeddings) show in the config and the class alone, so
+:func:`model_blueprint` finds those two and checks them first. A factory model
+is known only once it is built: it has no blueprint, and
 :func:`check_forward_accepts` runs on the built model instead.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aot.compat.transformers_cache import CACHE_ARGUMENT_NAMES, is_cache_argument
-from aot.errors import first_line
+from aot.errors import did_you_mean, first_line
 from aot.recipe.plan import ModelPlan
 from aot.recipe.ranges import POSITION_LIMIT_KEYS, check_position_limit
 from aot.tracing.dummy_inputs import forward_parameters
@@ -88,14 +89,73 @@ def _inline_config(plan: ModelPlan) -> Any:
         token_id = key.endswith("_token_id") and (value is None or isinstance(value, int))
         if key not in known and not hasattr(defaults, key) and not token_id:
             raise plan.locator.error(("model", "config", key), f"unknown {type(defaults).__name__} key")
+    invalid = _config_validation_errors()
     try:
         config = AutoConfig.for_model(model_type, **overrides)
-    except (ValueError, TypeError) as error:
-        raise plan.locator.error(("model", "config"), f"not a valid {type(defaults).__name__}: {first_line(error)}") from None
+    except invalid as error:
+        # A strict config's error wraps the ValueError or TypeError that says what is wrong in a header line.
+        cause = error.__cause__ if isinstance(error.__cause__, (ValueError, TypeError)) else error
+        key = _key_at_fault(model_type, overrides, invalid)
+        raise plan.locator.error(("model", "config") + ((key,) if key else ()),
+                                 f"not a valid {type(defaults).__name__}: {first_line(cause)}") from None
+    _check_activation_names(plan, config, defaults, overrides)
     stated = any(key in overrides for key in POSITION_LIMIT_KEYS)
     source = "set in model.config" if stated else f"{type(config).__name__}'s default"
     check_position_limit(list(plan.sequence_demands), config.to_dict(), source, plan.locator)
     return config
+
+
+def _config_validation_errors() -> tuple[type[Exception], ...]:
+    """What a transformers config raises for a value it cannot take.
+
+    transformers 5's configs are huggingface_hub strict dataclasses: a field's own check or a
+    class-wide ``validate_*`` method raises one of these, which derive from Exception only.
+    """
+    try:
+        from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
+    except ImportError:  # a huggingface_hub before strict dataclasses: its configs' own checks raise ValueError
+        return (ValueError, TypeError)
+    return (ValueError, TypeError, StrictDataclassFieldValidationError, StrictDataclassClassValidationError)
+
+
+def _key_at_fault(model_type: str, overrides: dict[str, Any], invalid: tuple[type[Exception], ...]) -> str | None:
+    """The one key of ``overrides`` without which the config is valid; None when no single one is (two that disagree).
+
+    The strict dataclass errors name a field or a validator only in their text, and a validator may read several
+    fields; leaving each key out in turn finds the one the recipe got wrong whatever the error says.
+    """
+    from transformers import AutoConfig
+
+    at_fault = []
+    for key in overrides:
+        try:
+            AutoConfig.for_model(model_type, **{other: value for other, value in overrides.items() if other != key})
+        except invalid:
+            continue
+        at_fault.append(key)
+    return at_fault[0] if len(at_fault) == 1 else None
+
+
+def _check_activation_names(plan: ModelPlan, config: Any, defaults: Any, overrides: dict[str, Any]) -> None:
+    """Every activation the config names is one transformers has (``ACT2FN``), which the model looks it up in when built.
+
+    A config does not check them itself. A key holds an activation when its name says so ("act") and its
+    default is one of ACT2FN's names: both, because some keys default to an activation's name but take
+    other values too (T5's ``feed_forward_proj: gated-gelu``, a router's ``scoring_func: softmax``).
+    """
+    from transformers.activations import ACT2FN
+
+    for key, default in defaults.to_dict().items():
+        value = getattr(config, key, None)
+        if "act" not in key or not isinstance(default, str) or default not in ACT2FN:
+            continue
+        # An empty or None activation is none at all, which the models that allow one test for before the lookup.
+        if isinstance(value, str) and value and value not in ACT2FN:
+            known = did_you_mean(value, list(ACT2FN)) or f" (it has {', '.join(sorted(ACT2FN))})"
+            if key in overrides:
+                raise plan.locator.error(("model", "config", key), f"'{value}' is no activation transformers knows{known}")
+            raise plan.locator.error(("model", "config"), f"{key} '{value}', which {type(config).__name__} derives from these "
+                                     f"values, is no activation transformers knows{known}")
 
 
 def _pretrained_config(plan: ModelPlan) -> Any:

@@ -1,4 +1,5 @@
-"""aot run's text, without a build: how a continuation joins its prompt, and a token budget refused before loading."""
+"""aot run's text, without a build: how a continuation joins its prompt; a number below its sense (any command's) or a
+malformed digest refused before loading."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from aot.run.built_model import _continuation
@@ -40,12 +42,56 @@ def test_the_plain_answer_is_the_prompt_and_what_the_tokenizer_appends():
     assert _answers_text({"task": "decoder", "items": items}) == "Hello there, I'm glad\nThe capital of France is Paris."
 
 
-@pytest.mark.parametrize("tokens", ["0", "-1"])
-def test_a_token_budget_below_one_is_a_usage_error_before_anything_loads(tmp_path, tokens):
-    missing = tmp_path / "no-such-build"
-    command = [sys.executable, "-c", "from aot.cli import entry_point; entry_point()", "run", str(missing), "hi", "--max-new-tokens", tokens]
+def _numeric_options():
+    """``(command words, option flag, minimum)`` of every number an aot command takes, from click's own tree."""
+    from aot.cli import main
+
+    def walk(group, words):
+        for name, command in sorted(group.commands.items()):
+            if isinstance(command, click.Group):
+                yield from walk(command, (*words, name))
+            else:
+                yield (*words, name), command
+
+    for words, command in walk(main, ()):
+        for parameter in command.params:
+            if isinstance(parameter.type, (click.types.IntParamType, click.types.FloatParamType)):
+                yield words, parameter.opts[-1], getattr(parameter.type, "min", None)
+
+
+NUMERIC_OPTIONS = list(_numeric_options())
+
+
+def test_every_number_a_command_takes_has_a_lower_bound():
+    assert len(NUMERIC_OPTIONS) >= 5, NUMERIC_OPTIONS  # precondition: the tree was walked
+    unbounded = [(" ".join(words), flag) for words, flag, minimum in NUMERIC_OPTIONS if minimum is None]
+    assert not unbounded, f"a count or a time below its sense reaches the library: {unbounded}"
+
+
+@pytest.mark.parametrize("words, flag, value", [
+    pytest.param(words, flag, str(minimum - 1), id=f"{' '.join(words)} {flag}") for words, flag, minimum in NUMERIC_OPTIONS
+    if minimum is not None
+] + [
+    # not a digest: bad usage (exit 2), not a directory failing its proof (exit 7)
+    pytest.param(("run",), "--expect-sha256", "abc", id="run --expect-sha256"),
+    pytest.param(("validate",), "--expect-sha256", "abc", id="validate --expect-sha256"),
+])
+def test_a_number_below_its_minimum_or_a_malformed_digest_is_a_usage_error_before_anything_loads(tmp_path, words, flag, value):
+    missing = tmp_path / "no-such-target"
+    command = [sys.executable, "-c", "from aot.cli import entry_point; entry_point()", *words, str(missing), flag, value]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert not missing.exists()
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--max-new-tokens" in lines[0] and tokens in lines[0], result.stderr
+    assert len(lines) == 1 and flag in lines[0] and value in lines[0], result.stderr
+
+
+def test_texts_and_a_file_together_are_a_usage_error(tmp_path):
+    from aot.errors import RecipeError
+    from aot.run.answers import texts_from
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("from the file\n")
+    assert texts_from((), str(texts), None, None) == ["from the file"]  # precondition: the file alone is read
+    with pytest.raises(RecipeError, match="either TEXT arguments or --file"):
+        texts_from(("an argument",), str(texts), None, None)

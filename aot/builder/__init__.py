@@ -15,6 +15,8 @@ The build directory itself (staging, manifest, integrity, consent) is :mod:`aot.
 _SPINE_NAMES = ("build", "BuildReport", "default_output")
 _CACHED_NAMES = ("build_with_cache", "CachedBuild", "CacheOutcome")
 
+__all__ = sorted(_SPINE_NAMES + _CACHED_NAMES)
+
 
 def __getattr__(name: str):
     if name in _SPINE_NAMES:

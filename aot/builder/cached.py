@@ -25,7 +25,7 @@ from aot.cache.errors import CacheUnavailable, CorruptEntry
 from aot.cache.key import BuildKey, build_key
 from aot.cache.restore import restore_entry
 from aot.cache.save import save_build
-from aot.cache.store import CacheStore
+from aot.cache.store import CacheStore, check_cache_url
 from aot.directory.outdir import check_replaceable
 from aot.errors import AotError
 from aot.recipe.load import LoadedRecipe, load_recipe
@@ -75,6 +75,7 @@ def build_with_cache(
     plan = plan_build(loaded)
     target = Path(output) if output is not None else default_output(plan)
     check_replaceable(target)  # before the cache is asked: refused exactly as a build refuses it
+    check_cache_url(cache)
     stages, outcome = Stages(progress), CacheOutcome(url=str(cache))
     store, key, entry = None, None, None
     with stages("cache_lookup"):

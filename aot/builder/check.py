@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.recipe.load import load_recipe
-from aot.recipe.plan import ModelPlan, plan_build
+from aot.recipe.plan import GenerationPlan, ModelPlan, plan_build
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class CheckReport:
     dims: dict[str, DimRange]
     validation_shapes: list[dict[str, int]]  # the trace-time shape first
     not_checked: list[str] = field(default_factory=list)  # what only a build can tell
+    generation: dict[str, Any] | None = None  # a decoder's: its prompts' lengths and the tokens generated after each
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,8 +54,12 @@ class CheckReport:
             for name, dim in self.dims.items()
         )
         model = self.model + (f" -> {self.model_class}" if self.model_class else "")
-        text = (f"{self.name}: {model}; {len(self.passes)} passes + {len(self.graph_module_passes)} for the GraphModule; "
-                f"dims {dims}; validated at {len(self.validation_shapes)} shapes")
+        text = f"{self.name}: {model}; {len(self.passes)} passes + {len(self.graph_module_passes)} for the GraphModule; "
+        if self.generation is not None:  # a decoder is validated by generating, not at the input dims' shapes
+            lengths = ", ".join(str(length) for length in self.generation["prompt_lengths"])
+            text += f"validated by generating {self.generation['new_tokens']} tokens after prompts of {lengths} tokens"
+        else:
+            text += f"dims {dims}; validated at {len(self.validation_shapes)} shapes"
         return text + (f"; left to the build: {'; '.join(self.not_checked)}" if self.not_checked else "")
 
 
@@ -85,7 +90,14 @@ def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport
         },
         validation_shapes=list(plan.inputs.case_dims),
         not_checked=not_checked,
+        generation=_generation(plan.validation.generation),
     )
+
+
+def _generation(plan: GenerationPlan | None) -> dict[str, Any] | None:
+    if plan is None:
+        return None
+    return {"prompt_lengths": list(plan.spec.prompt_lengths), "new_tokens": plan.spec.new_tokens}
 
 
 def _model_source(plan: ModelPlan) -> str:

@@ -60,6 +60,20 @@ def storage_options(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
     return options
 
 
+def check_cache_url(url: str | Path) -> None:
+    """RecipeError (exit 2) when a protocol in ``url`` (each of a chained ``a::b://``) is none that fsspec knows: a
+    typing mistake no retry mends. A store that cannot be reached, or whose backend is not installed, stays a warning
+    (:class:`CacheUnavailable`) and the build goes on without it."""
+    import fsspec
+    from fsspec.core import split_protocol
+
+    known = set(fsspec.available_protocols())
+    for part in str(url).split("::"):
+        protocol, _ = split_protocol(part)
+        if protocol is not None and protocol not in known:
+            raise RecipeError(f"--cache {url}: unknown protocol {protocol!r}, none that fsspec knows")
+
+
 class CacheStore:
     """One cache, at ``url``; :meth:`open` it."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -24,6 +25,19 @@ from typing import Any
 from aot.directory.manifest import MANIFEST_NAME, sha256_file
 from aot.errors import IntegrityError, RecipeError
 from aot.release.paths import RELEASE_FILE_NAMES
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def expected_sha256(value: str | None) -> str | None:
+    """A published manifest digest as the checks compare it (stripped, lower case); RecipeError (exit 2) unless it is
+    64 hexadecimal digits: a malformed digest is a mistake on the command line, not a directory that fails its proof."""
+    if value is None:
+        return None
+    digest = value.strip().lower()
+    if not _SHA256_HEX.fullmatch(digest):
+        raise RecipeError(f"expected sha256 {value!r} is not 64 hexadecimal digits")
+    return digest
 
 
 @dataclass
@@ -51,13 +65,14 @@ def verify_directory(directory: str | Path, expect_sha256: str | None = None, *,
     sending a large one as chunks), so that no file is read twice; None leaves the reading to this check. The file is
     held to the manifest by that digest; every other check is the same.
     """
+    expect_sha256 = expected_sha256(expect_sha256)
     directory = Path(directory)
     manifest_path = directory / MANIFEST_NAME
     if not directory.is_dir() or not manifest_path.is_file() or manifest_path.is_symlink():
         raise RecipeError(f"{directory}: not an aot build directory (no {MANIFEST_NAME})")
     data = manifest_path.read_bytes()
     manifest_sha256 = hashlib.sha256(data).hexdigest()
-    if expect_sha256 is not None and manifest_sha256 != expect_sha256.strip().lower():
+    if expect_sha256 is not None and manifest_sha256 != expect_sha256:
         raise IntegrityError(f"{manifest_path}: sha256 is {manifest_sha256}, not the expected {expect_sha256}")
     manifest = _parse(manifest_path, data)
     root = directory.resolve()

@@ -18,7 +18,8 @@ from aot.directory.consent import require_consent
 from aot.directory.integrity import IntegrityReport, verify_directory
 from aot.directory.manifest import MANIFEST_NAME
 from aot.errors import IntegrityError, RecipeError
-from aot.recipe.load import LoadedRecipe, load_recipe
+from aot.recipe.load import LoadedRecipe, load_recipe, recipe_sha256
+from aot.recipe.reader import read_recipe_text
 from aot.recipe.plan import BuildPlan, plan_build
 
 
@@ -57,22 +58,39 @@ def open_build(directory: str | Path, expect_sha256: str | None = None, trust_co
 
 
 def recipe_of_build(directory: Path, manifest: dict[str, Any], recipe_path: str | Path | None = None) -> LoadedRecipe:
-    """The recipe a checked build directory was built from (see :func:`validate_directory`)."""
+    """The recipe a checked build directory was built from (see :func:`validate_directory`): ``recipe_path`` when
+    given, whose hash must match; else the file at the path the manifest records, when it still holds that recipe
+    (its relative paths then resolve as at the build); else the build's own copy."""
     recorded = manifest["recipe"]
-    source = Path(recipe_path) if recipe_path else Path(str(recorded.get("path", "")))
-    copy = not recipe_path and not source.is_file()
-    if copy:
-        source = directory / "recipe.yaml"  # the copy the build kept; its hash was checked with the rest
-    if not source.is_file():
-        raise RecipeError(f"{source}: recipe not found; pass --recipe")
+    if recipe_path:
+        source, copy = Path(recipe_path), False
+        if not source.is_file():
+            raise RecipeError(f"{source}: recipe not found; pass --recipe")
+    else:
+        # The recorded path is as the build was given it, relative to where the build ran: from elsewhere it may name
+        # another file, and a recipe edited since is not the one built. The copy, checked with the rest, is.
+        named = Path(str(recorded.get("path", "")))
+        copy = not _holds_recipe(named, recorded["sha256"])
+        source = directory / "recipe.yaml" if copy else named
     try:
         loaded = load_recipe(source, overrides=recorded.get("overrides", ()))  # the --set the build was given
     except RecipeError as error:
         if not copy:
             raise
         # The copy's relative paths (model.pretrained, the gate's data) now start from the build directory.
-        raise RecipeError(f"{error} (the build's copy of its recipe, read since {recorded.get('path')} is not there "
+        why = "is another file" if Path(str(recorded.get("path", ""))).is_file() else "is not there"
+        raise RecipeError(f"{error} (the build's copy of its recipe, read since {recorded.get('path')} {why} "
                           "from here: pass --recipe with the recipe itself)") from None
     if loaded.sha256 != recorded["sha256"]:
         raise IntegrityError(f"{source}: recipe changed since the build (sha256 differs from {MANIFEST_NAME})")
     return loaded
+
+
+def _holds_recipe(path: Path, sha256: str) -> bool:
+    """Whether ``path`` is a file whose recipe text has the recorded digest."""
+    if not path.is_file():
+        return False
+    try:
+        return recipe_sha256(read_recipe_text(path)) == sha256
+    except RecipeError:  # unreadable, too large, not UTF-8: not the recipe that was built
+        return False

@@ -14,6 +14,7 @@ process is killed between any two instructions.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import json
 import logging
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 _TEMP_MARK = ".aot-tmp-"
+_FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h: _IOR('f', 1, long)
+_FS_IMMUTABLE_FL, _FS_APPEND_FL = 0x10, 0x20
 
 
 def check_replaceable(target: Path) -> None:
@@ -51,9 +54,36 @@ def check_replaceable(target: Path) -> None:
                 f"{target}: {unlisted}; aot replaces only an empty directory or an earlier aot build "
                 "(remove it yourself or choose another -o)"
             )
+    if target.is_dir() and os.path.ismount(target):
+        raise RecipeError(f"{target}: is a mount point, which a finished build cannot be renamed onto; "
+                          "choose a directory inside it")
+    if target.is_dir() and _inode_flags(target) & (_FS_IMMUTABLE_FL | _FS_APPEND_FL):
+        raise RecipeError(f"{target}: is immutable or append-only (chattr +i/+a); aot cannot replace it")
     writable_parent = next((p for p in target.parents if p.exists()), None)
     if writable_parent is None or not os.access(writable_parent, os.W_OK | os.X_OK):
-        raise RecipeError(f"{target}: cannot create the output directory ({writable_parent} is not writable)")
+        what = "cannot replace it" if target.exists() else "cannot create the output directory"
+        raise RecipeError(f"{target}: {what} ({writable_parent} is not writable)")
+
+
+def _inode_flags(directory: Path) -> int:
+    """Linux's inode flags of ``directory`` (``lsattr``'s), 0 where the system or filesystem keeps none. Read so that
+    a directory the final rename cannot move is refused before the build, not after it (root passes os.access)."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return 0
+    try:
+        descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return 0
+    try:
+        flags = array.array("i", [0, 0])  # the kernel writes an int; room for the long the request's number declares
+        fcntl.ioctl(descriptor, _FS_IOC_GETFLAGS, flags, True)
+        return flags[0]
+    except OSError:  # a filesystem without inode flags
+        return 0
+    finally:
+        os.close(descriptor)
 
 
 def _files_not_written_by_aot(directory: Path) -> str | None:

@@ -24,9 +24,14 @@ import pydantic
 from aot.errors import RecipeError, did_you_mean, first_line
 from aot.recipe.locator import Located, RecipeLocator
 from aot.recipe.overrides import apply_overrides
-from aot.recipe.ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes, sequence_demands
+from aot.recipe.ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes, recipe_sequence_demands
 from aot.recipe.reader import Location, parse_recipe_yaml, read_recipe_text
 from aot.recipe.schema import FidelitySpec, PassSpec, Recipe
+
+
+def recipe_sha256(text: str) -> str:
+    """The digest a manifest records for a recipe: of its text as read (UTF-8, universal newlines)."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -54,7 +59,7 @@ class LoadedRecipe:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()
+        return recipe_sha256(self.text)
 
     @cached_property
     def locator(self) -> RecipeLocator:
@@ -385,7 +390,7 @@ def _check_files(loaded: LoadedRecipe) -> None:
         config_path = directory / "config.json"
         if not config_path.is_file():
             raise loaded.error(("model", "pretrained"), f"no config.json in pretrained directory {directory}")
-        demands = sequence_demands(loaded.recipe.inputs, loaded.recipe.validate_.shapes)
+        demands = recipe_sequence_demands(loaded.recipe)
         check_position_limit(demands, _read_json_object(loaded, config_path), str(config_path), loaded.locator)
     if model.weights_dtype is not None:
         _check_weights_dtype(loaded)

@@ -32,7 +32,7 @@ from typing import Any
 from aot.recipe.load import (LoadedRecipe, fidelity_gate, fidelity_target, is_decoder_with_cache, passes_changing_computation,
                              passes_needing_calibration)
 from aot.recipe.locator import Located, RecipeLocator
-from aot.recipe.ranges import SequenceDemand, sequence_demands, shape_case_dims
+from aot.recipe.ranges import SequenceDemand, recipe_sequence_demands, shape_case_dims
 from aot.recipe.schema import (
     AccuracySpec, AotiSpec, CalibrationSpec, DimSpec, FidelitySpec, GenerationSpec, GraphModuleSpec, InputsSpec, ModelSpec, OnnxSpec,
     PassSpec, TensorSpec, Tolerance, TraceSpec,
@@ -47,7 +47,7 @@ class ModelPlan:
     pretrained: Path | None  # model.pretrained, resolved
     decoder_logits: str | None  # generation.logits when the build is a decoder's KV-cache step; else None
     input_names: tuple[str, ...]  # inputs.tensors' names, which the model's forward must take
-    sequence_demands: tuple[SequenceDemand, ...]  # the longest sequence each token input is fed
+    sequence_demands: tuple[SequenceDemand, ...]  # the longest sequence each token input is fed, and each generation
     locator: RecipeLocator
 
     @property
@@ -219,7 +219,7 @@ def plan_build(loaded: LoadedRecipe) -> BuildPlan:
         pretrained=loaded.pretrained_directory,
         decoder_logits=recipe.generation.logits if decoder else None,
         input_names=tuple(tensor.name for tensor in recipe.inputs.tensors),
-        sequence_demands=tuple(sequence_demands(recipe.inputs, recipe.validate_.shapes)),
+        sequence_demands=tuple(recipe_sequence_demands(recipe)),
         locator=locator,
     )
     inputs = InputsPlan(

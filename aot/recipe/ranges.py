@@ -15,7 +15,7 @@ from typing import Any
 
 from aot.recipe.locator import RecipeLocator
 from aot.recipe.reader import Location
-from aot.recipe.schema import DimSpec, InputsSpec
+from aot.recipe.schema import DimSpec, GenerationSpec, InputsSpec, Recipe
 
 POSITION_LIMIT_KEYS = ("max_position_embeddings", "n_positions")  # n_positions: GPT-2's name for it
 """Config keys for the longest sequence a model has position embeddings for, in the order looked up."""
@@ -30,12 +30,12 @@ TOKEN_INPUT_SUFFIXES = ("input_ids", "inputs_embeds")
 
 @dataclass(frozen=True)
 class SequenceDemand:
-    """The longest sequence the build feeds a token input (axis 1), with the recipe key that asks for it."""
+    """The longest sequence the build feeds the model's positions somewhere, with the recipe key that asks for it."""
 
-    input_name: str
     size: int
     location: Location
     what: str  # how the message says it: "dim 'sequence' max 512"
+    fed_as: str  # where the build feeds it, for the message: "it is axis 1 of input 'input_ids'"
 
 
 def check_validation_shapes(dims: Mapping[str, DimSpec], shapes: list[dict[str, int]], locator: RecipeLocator) -> None:
@@ -98,18 +98,51 @@ def default_extra_shapes(dims: Mapping[str, DimSpec]) -> list[dict[str, int]]:
     return [smaller, larger]
 
 
+def recipe_sequence_demands(recipe: Recipe) -> list[SequenceDemand]:
+    """Every sequence the recipe's build feeds the model: its token inputs' at each shape, and a decoder's generations."""
+    return sequence_demands(recipe.inputs, recipe.validate_.shapes) + generation_demands(recipe.generation)
+
+
 def sequence_demands(inputs: InputsSpec, shapes: list[dict[str, int]]) -> list[SequenceDemand]:
     """For each token input (``input_ids``-like, two axes or more), the longest sequence any shape feeds it."""
     demands = []
     for index, tensor in enumerate(inputs.tensors):
         if tensor.name.endswith(TOKEN_INPUT_SUFFIXES) and len(tensor.shape) >= 2:
             size, location, what = max(_sequence_sizes(inputs, shapes, index), key=lambda item: item[0])
-            demands.append(SequenceDemand(tensor.name, size, location, what))
+            demands.append(SequenceDemand(size, location, what, f"it is axis 1 of input '{tensor.name}'"))
+    return demands
+
+
+def generation_demands(generation: GenerationSpec | None) -> list[SequenceDemand]:
+    """The sequences a decoder step's checks generate, each the prompt and then every new token but the last (the last
+    is never fed back): ``generation.prompt_lengths`` with ``new_tokens``, and the fidelity gate's prompts with its own."""
+    if generation is None or not generation.cache:
+        return []  # no decoder step: nothing is generated
+    new_tokens = generation.new_tokens
+    demands = [
+        SequenceDemand(
+            length + new_tokens - 1,
+            ("generation", "prompt_lengths", index),
+            f"prompt length {length} + generation.new_tokens {new_tokens} - 1 = {length + new_tokens - 1} tokens",
+            "greedy generation feeds the prompt, then each new token but the last",
+        )
+        for index, length in enumerate(generation.prompt_lengths)
+    ]
+    fidelity = generation.fidelity
+    if fidelity is not None:
+        # The prompts file is tokenised only at build time: its prompts may all be shorter, but none is longer.
+        size = fidelity.max_prompt_tokens + fidelity.new_tokens - 1
+        demands.append(SequenceDemand(
+            size,
+            ("generation", "fidelity", "max_prompt_tokens"),
+            f"max_prompt_tokens {fidelity.max_prompt_tokens} + generation.fidelity.new_tokens {fidelity.new_tokens} - 1 = {size} tokens",
+            "the fidelity gate generates new_tokens greedily after each prompt, cut to max_prompt_tokens",
+        ))
     return demands
 
 
 def check_position_limit(demands: list[SequenceDemand], config: Mapping[str, Any], source: str, locator: RecipeLocator) -> None:
-    """No sequence fed to ``input_ids``-like inputs (``demands``) may be longer than the config's position limit.
+    """No sequence the build feeds the model (``demands``) may be longer than the config's position limit.
 
     ``config`` is the model's config as a mapping (config.json, or a transformers
     config's ``to_dict()``); ``source`` says where it came from, for the message.
@@ -122,10 +155,7 @@ def check_position_limit(demands: list[SequenceDemand], config: Mapping[str, Any
     key, limit = table
     for demand in demands:
         if demand.size > limit:
-            raise locator.error(
-                demand.location,
-                f"{demand.what} is above the model's {key} {limit} ({source}): it is axis 1 of input '{demand.input_name}'",
-            )
+            raise locator.error(demand.location, f"{demand.what} is above the model's {key} {limit} ({source}): {demand.fed_as}")
 
 
 def _sequence_sizes(inputs: InputsSpec, shapes: list[dict[str, int]], tensor_index: int) -> Iterator[tuple[int, Location, str]]:

@@ -45,7 +45,11 @@ class ModelSpec(_Strict):
         description="transformers class to build, e.g. BertModel or BertForSequenceClassification. "
         "Defaults to AutoModel for the config.",
     )
-    seed: int = Field(0, description="Seed for weight initialisation and random inputs.")
+    # torch.manual_seed takes 0 to 2**64 - 1, and each shape case's inputs are seeded with seed + the case's index:
+    # the signed 64-bit range leaves that room.
+    seed: int = Field(
+        0, ge=0, le=2**63 - 1, description="Seed for weight initialisation and random inputs, 0 to 2**63 - 1."
+    )
     dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Parameter dtype.")
     weights_dtype: Literal["float16", "bfloat16"] | None = Field(
         None,

@@ -53,6 +53,8 @@ def texts_from(arguments: tuple[str, ...], file: str | None, field: str | None, 
         if arguments or file is not None:
             raise RecipeError("give either --ids or texts (TEXT or --file), not both")
         return []
+    if arguments and file is not None:
+        raise RecipeError("give either TEXT arguments or --file, not both")
     if arguments:
         empty = [index + 1 for index, text in enumerate(arguments) if not text.strip()]
         if empty:

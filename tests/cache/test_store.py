@@ -19,7 +19,7 @@ from aot.cache.errors import CacheUnavailable, CorruptEntry
 from aot.cache.prune import prune
 from aot.cache.restore import restore_entry
 from aot.cache.save import save_build
-from aot.cache.store import CacheStore, storage_options
+from aot.cache.store import CacheStore, check_cache_url, storage_options
 from aot.errors import RecipeError
 from tests.cache.conftest import closed_port, fake_build, fake_key, tree_bytes
 
@@ -241,3 +241,14 @@ def test_prune_removes_old_entries_then_the_blobs_no_entry_names(store_location,
     new = tmp_path / "restored"
     restore_entry(store, entries["new"], new)  # what remains still restores
     assert tree_bytes(new) == tree_bytes(tmp_path / "new")
+
+
+@pytest.mark.parametrize("url", ["foo://bucket/aot", "simplecache::foo://bucket/aot"])
+def test_a_protocol_fsspec_does_not_know_is_a_usage_error_before_the_build(cli, write_recipe, tmp_path, url):
+    for usable in (str(tmp_path / "cache"), "memory://aot", "file:///tmp/aot", "s3://bucket/aot", "simplecache::s3://bucket/aot"):
+        check_cache_url(usable)  # precondition: what fsspec knows passes, installed or not (a backend missing is a warning)
+    output = tmp_path / "out"
+    result = cli("build", write_recipe(), "-o", output, "--cache", url)
+    assert result.exit_code == 2, result.described
+    assert result.stderr.strip().splitlines() == [f"aot: error: --cache {url}: unknown protocol 'foo', none that fsspec knows"]
+    assert not output.exists()

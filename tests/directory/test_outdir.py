@@ -136,3 +136,28 @@ def test_a_full_disk_is_an_export_failure_and_leaves_nothing(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "No space left on device" in lines[0], result.stderr
     assert left == [], "the staging directory is removed"
+
+
+@contextlib.contextmanager
+def _immutable(directory: Path):
+    """``directory`` made immutable (chattr +i): skipped where this process may not set the flag."""
+    directory.mkdir()
+    flagged = subprocess.run(["chattr", "+i", str(directory)], capture_output=True)
+    if flagged.returncode != 0:
+        pytest.skip(f"cannot make a directory immutable here: {flagged.stderr.decode().strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=False)
+
+
+@pytest.mark.parametrize("kind", ["mount point", "immutable"])
+def test_a_directory_the_final_rename_cannot_replace_is_refused_before_any_work(cli, write_recipe, tmp_path, kind):
+    place = _tmpfs(tmp_path / "mounted", "size=1m") if kind == "mount point" else _immutable(tmp_path / "frozen")
+    with place as target:
+        assert target.is_dir() and not list(target.iterdir())  # precondition: empty, which aot may otherwise replace
+        result = cli("build", write_recipe(), "-o", target)
+        assert result.exit_code == 2, result.described
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(target) in lines[0] and (kind in lines[0]), result.described
+        assert not list(target.iterdir()) and not [p for p in tmp_path.iterdir() if ".aot-tmp-" in p.name]

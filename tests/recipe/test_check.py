@@ -12,7 +12,7 @@ import transformers
 
 from aot.errors import RecipeError
 from aot.builder.check import CheckReport, DimRange, check_recipe
-from tests.conftest import TINY_BERT
+from tests.conftest import TINY_BERT, run_aot_here
 
 RECIPES_DIR = Path(__file__).parents[2] / "recipes"
 
@@ -36,6 +36,14 @@ def test_shipped_bert_recipe_report(no_weights):
     assert report.validation_shapes == [{"batch": 2, "sequence": 64}, {"batch": 1, "sequence": 128}, {"batch": 4, "sequence": 17}]
     assert report.not_checked == ["numerical validation (needs the weights)"]
     json.dumps(report.to_json())  # the CLI's --json form
+
+
+def test_a_decoder_is_reported_by_what_it_generates_not_by_input_dims():
+    report = check_recipe(RECIPES_DIR / "gpt2.yaml")
+    assert report.generation == {"prompt_lengths": [5, 11], "new_tokens": 32} and not report.dims  # precondition: a decoder
+    assert "validated by generating 32 tokens after prompts of 5, 11 tokens" in report.summary()
+    assert "dims" not in report.summary(), report.summary()
+    assert check_recipe(RECIPES_DIR / "bert.yaml").generation is None
 
 
 def test_default_validation_shapes_are_reported(write_recipe, no_weights):
@@ -105,3 +113,121 @@ def test_schema_faults_are_reported_before_torch_is_imported(write_recipe):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.splitlines() == [f"{path}:10: model.sed: unknown key (did you mean 'seed'?)", "False False"]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "override", "expected"),
+    [
+        ("bert.yaml", "model.config.hidden_size=abc",
+         r"^--set model.config.hidden_size: not a valid BertConfig: Field 'hidden_size' expected int, got str \(value: 'abc'\)$"),
+        ("resnet.yaml", "model.config.layer_type=fancy",
+         r"^--set model.config.layer_type: not a valid ResNetConfig: layer_type=fancy is not one of basic,bottleneck$"),
+        ("bert.yaml", "model.config.hidden_act=foo", r"^--set model.config.hidden_act: 'foo' is no activation transformers knows \("),
+    ],
+    ids=["field-validator", "class-validator", "activation"],
+)
+def test_a_config_value_the_model_cannot_take_names_the_key(recipe, override, expected):
+    assert check_recipe(RECIPES_DIR / recipe).model_class  # precondition: the shipped recipe checks
+    with pytest.raises(RecipeError, match=expected) as caught:
+        check_recipe(RECIPES_DIR / recipe, overrides=[override])
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("    hidden_size: abc\n", r"tiny.yaml:4: model.config.hidden_size: not a valid BertConfig: Field 'hidden_size' expected int"),
+        ("    hidden_act: foo\n", r"tiny.yaml:4: model.config.hidden_act: 'foo' is no activation transformers knows \(it has gelu, .*silu"),
+    ],
+    ids=["field-validator", "activation"],
+)
+def test_a_config_value_in_the_file_is_named_with_its_line(write_recipe, no_weights, line, expected):
+    assert check_recipe(write_recipe()).model_class == "BertModel"  # precondition
+    text = TINY_BERT.replace("    hidden_size: 32\n", line)
+    assert text != TINY_BERT
+    with pytest.raises(RecipeError, match=expected):
+        check_recipe(write_recipe(text))
+
+
+TINY_T5 = """\
+model:
+  config: {model_type: t5, d_model: 32, d_kv: 16, d_ff: 64, num_layers: 1, num_heads: 2, vocab_size: 128, feed_forward_proj: gated-gelu}
+  class: T5Model
+inputs:
+  dims:
+    batch: {size: 2}
+    sequence: {size: 8}
+  tensors:
+    - {name: input_ids, shape: [batch, sequence]}
+    - {name: decoder_input_ids, shape: [batch, sequence]}
+"""
+
+
+def test_only_activation_keys_are_held_to_transformers_activations(write_recipe):
+    # T5's feed_forward_proj defaults to "relu", an activation's name, but takes "gated-gelu" too: it names the activation
+    # of dense_act_fn, which T5Config derives from it, and which is checked.
+    assert check_recipe(write_recipe(TINY_T5)).model_class == "T5Model"
+    with pytest.raises(RecipeError, match=r"tiny.yaml:2: model.config: dense_act_fn 'foo', which T5Config derives from these "
+                                          r"values, is no activation transformers knows"):
+        check_recipe(write_recipe(TINY_T5.replace("gated-gelu", "gated-foo")))
+
+
+TINY_DECODER = """\
+model:
+  config:
+    model_type: gpt2
+    n_embd: 32
+    n_layer: 1
+    n_head: 2
+    vocab_size: 128
+    n_positions: 18
+  class: GPT2LMHeadModel
+trace: {frontend: export}
+generation:
+  cache: true
+  new_tokens: 8
+  prompt_lengths: [5, 11]
+"""
+
+
+def test_generation_lengths_are_checked_against_the_position_limit(write_recipe):
+    # Greedy generation feeds the prompt, then each new token but the last: 11 + 8 - 1 = 18 positions.
+    assert check_recipe(write_recipe(TINY_DECODER)).model_class == "GPT2LMHeadModel"  # precondition: 18 fits
+    with pytest.raises(RecipeError) as caught:
+        check_recipe(write_recipe(TINY_DECODER), overrides=["model.config.n_positions=17"])
+    assert str(caught.value) == (
+        f"{write_recipe(TINY_DECODER)}:14: generation.prompt_lengths[1]: prompt length 11 + generation.new_tokens 8 - 1 = 18 tokens "
+        "is above the model's n_positions 17 (set in model.config): greedy generation feeds the prompt, then each new token but the last"
+    )
+    assert caught.value.exit_code == 2
+
+
+def test_generation_lengths_are_not_checked_against_rotary_positions(write_recipe):
+    text = TINY_DECODER.replace("n_positions: 18", "n_positions: 8")
+    with pytest.raises(RecipeError, match="n_positions 8"):  # precondition: this recipe's lengths are checked
+        check_recipe(write_recipe(text))
+    rotary = """\
+model:
+  config: {model_type: llama, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2,
+           num_key_value_heads: 2, vocab_size: 128, max_position_embeddings: 8}
+  class: LlamaForCausalLM
+""" + text[text.index("trace:"):]
+    assert check_recipe(write_recipe(rotary)).model_class == "LlamaForCausalLM"
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (["check", RECIPES_DIR / "bert.yaml", "--set", "model.config.hidden_size=abc"], "--set model.config.hidden_size: "),
+        (["check", RECIPES_DIR / "gpt2.yaml", "--set", "model.config.n_positions=16"], "generation.prompt_lengths[0]: "),
+        (["build", RECIPES_DIR / "resnet.yaml", "--set", "model.seed=99999999999999999999"], "--set model.seed: "),
+    ],
+    ids=["config-value", "generation-lengths", "seed"],
+)
+def test_the_cli_exits_2_naming_the_key_and_writes_nothing(tmp_path, monkeypatch, command, expected):
+    monkeypatch.chdir(tmp_path)  # a build's default output, out/NAME, would land here
+    assert run_aot_here("check", command[1]).returncode == 0  # precondition: the recipe itself is sound
+    result = run_aot_here(*command, *(["-o", tmp_path / "out"] if command[0] == "build" else []))
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and "internal error" not in result.stderr
+    assert list(tmp_path.iterdir()) == []

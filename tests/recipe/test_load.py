@@ -26,6 +26,9 @@ def test_tiny_recipe_loads_with_defaults(write_recipe):
     [
         (lambda t: t.replace("  seed: 0\n", "  seed: 0\n  sed: 1\n"), r"tiny.yaml:11: model.sed: unknown key \(did you mean 'seed'\?\)$"),
         (lambda t: t.replace("seed: 0", "seed: zero"), r"tiny.yaml:10: model.seed: Input should be a valid integer"),
+        # torch.manual_seed overflows above 2**64 - 1, and each shape case's inputs are seeded with seed + its index
+        (lambda t: t.replace("seed: 0", "seed: 99999999999999999999"), r"tiny.yaml:10: model.seed: Input should be less than or equal to 9223372036854775807"),
+        (lambda t: t.replace("seed: 0", "seed: -1"), r"tiny.yaml:10: model.seed: Input should be greater than or equal to 0"),
         (lambda t: t.replace("  - merge_linears", "  - merge_lineras"), r"tiny.yaml:19: passes\[0\]: unknown pass 'merge_lineras' \(did you mean 'merge_linears'\?\)$"),
         (lambda t: t.replace("    batch: {size: 2", "    batch: {size: -2"), r"tiny.yaml:13: inputs.dims.batch.size"),
         (lambda t: t.replace("passes:\n  - merge_linears", "passes:\n  - merge_linears: {bogus: 1}"), r"tiny.yaml:19: passes\[0\].merge_linears.bogus: unknown key"),
@@ -33,7 +36,7 @@ def test_tiny_recipe_loads_with_defaults(write_recipe):
         (lambda t: t.replace("  class: BertModel\n", "  class: BertModel\n  pretrained: somewhere\n"), r"tiny.yaml:\d+: model: give exactly one"),
         (lambda t: t.replace("shape: [batch, sequence]}", "shape: [batch, seq]}", 1), r"tiny.yaml:\d+: inputs: input 'input_ids' uses dim 'seq'"),
     ],
-    ids=["unknown-key", "wrong-type", "unknown-pass", "bad-range", "unknown-pass-option", "duplicate-key", "two-sources", "unknown-dim"],
+    ids=["unknown-key", "wrong-type", "seed-too-large", "seed-negative", "unknown-pass", "bad-range", "unknown-pass-option", "duplicate-key", "two-sources", "unknown-dim"],
 )
 def test_bad_recipe_names_file_line_and_key(write_recipe, edit, expected):
     text = edit(TINY_BERT)
@@ -230,6 +233,51 @@ def test_pretrained_config_json_that_does_not_parse(write_recipe, tmp_path, conf
     with pytest.raises(RecipeError, match=r"tiny.yaml:2: model.pretrained: " + expected) as caught:
         load_recipe(write_recipe(PRETRAINED))
     assert "\n" not in str(caught.value)
+
+
+def test_the_largest_seed_loads_and_leaves_room_for_each_shape_case_seed(write_recipe):
+    import torch
+
+    largest = 2**63 - 1
+    plan = plan_build(load_recipe(write_recipe(TINY_BERT.replace("seed: 0", f"seed: {largest}"))))
+    assert plan.inputs.seed == largest
+    torch.manual_seed(plan.model.spec.seed)
+    torch.Generator().manual_seed(plan.inputs.seed + len(plan.inputs.case_dims) - 1)  # the last shape case's inputs
+    with pytest.raises(RecipeError, match=r"tiny.yaml:10: model.seed: Input should be less than or equal to"):
+        load_recipe(write_recipe(TINY_BERT.replace("seed: 0", f"seed: {largest + 1}")))
+
+
+PRETRAINED_DECODER = """\
+model:
+  pretrained: tiny-pretrained
+  class: GPT2LMHeadModel
+trace: {frontend: export}
+generation:
+  cache: true
+  new_tokens: 8
+  fidelity: {prompts: prompts.txt, max_prompt_tokens: 16, new_tokens: 8, min_top1_agreement: 0.9}
+"""
+
+
+def test_pretrained_decoder_generation_lengths_within_n_positions(write_recipe, tmp_path):
+    """Generation feeds the prompt, then each new token but the last: prompt + new_tokens - 1 positions."""
+    (tmp_path / "prompts.txt").write_text("a prompt\n")
+    directory = _pretrained_dir(tmp_path, json.dumps({"model_type": "gpt2", "n_positions": 23}))
+    config_path = directory / "config.json"
+    assert load_recipe(write_recipe(PRETRAINED_DECODER)).recipe.generation.fidelity.new_tokens == 8  # precondition: 16 + 8 - 1 fits
+    config_path.write_text(json.dumps({"model_type": "gpt2", "n_positions": 22}))
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(write_recipe(PRETRAINED_DECODER))
+    assert str(caught.value) == (
+        f"{tmp_path / 'tiny.yaml'}:8: generation.fidelity.max_prompt_tokens: max_prompt_tokens 16 + generation.fidelity.new_tokens 8 "
+        f"- 1 = 23 tokens is above the model's n_positions 22 ({config_path}): the fidelity gate generates "
+        "new_tokens greedily after each prompt, cut to max_prompt_tokens"
+    )
+    assert caught.value.exit_code == 2
+    config_path.write_text(json.dumps({"model_type": "gpt2", "n_positions": 17}))  # the default prompt lengths [5, 11]
+    expected = r"tiny.yaml:5: generation.prompt_lengths\[1\]: prompt length 11 \+ generation.new_tokens 8 - 1 = 18 tokens is above"
+    with pytest.raises(RecipeError, match=expected + " the model's n_positions 17"):
+        load_recipe(write_recipe(PRETRAINED_DECODER))
 
 
 LARGE_RECIPES = sorted((Path(__file__).parents[2] / "recipes" / "large").glob("*.yaml"))
