@@ -425,7 +425,7 @@ def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
 @click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
 @click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="A decoder build: tokens each timed generation makes (its dims: -s batch=1,2 -s prompt=32,128).")
 @click.option("--recipe", type=click.Path(dir_okay=False, path_type=str),
-              help="Recipe to rebuild the eager model from (default: the one the manifest names, else the build's copy).")
+              help="Recipe to rebuild the eager model from (default: the one the manifest names while it is still the recipe built, else the build's copy).")
 @_EXPECT_SHA256
 @_TRUST_CODE
 @_PUBLIC_KEY

@@ -11,6 +11,7 @@ is known only once it is built: it has no blueprint, and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,10 +79,15 @@ def _inline_config(plan: ModelPlan) -> Any:
 
     overrides = dict(plan.spec.config)
     model_type = overrides.pop("model_type")
+    invalid = _config_rejections()
     try:
         defaults = AutoConfig.for_model(model_type)
-    except ValueError:
-        raise plan.locator.error(("model", "config", "model_type"), f"unknown transformers model_type '{model_type}'") from None
+    except invalid as error:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        what = f"unknown transformers model_type '{model_type}'" if model_type not in CONFIG_MAPPING else (
+            f"transformers cannot make a {model_type} config from its defaults: {first_line(_cause(error))}")
+        raise plan.locator.error(("model", "config", "model_type"), what) from None
     known = set(defaults.to_dict()) | set(getattr(defaults, "attribute_map", {}))
     for key, value in overrides.items():
         # A special token id (T5's decoder_start_token_id) is read by the model from its config, though the
@@ -89,15 +95,12 @@ def _inline_config(plan: ModelPlan) -> Any:
         token_id = key.endswith("_token_id") and (value is None or isinstance(value, int))
         if key not in known and not hasattr(defaults, key) and not token_id:
             raise plan.locator.error(("model", "config", key), f"unknown {type(defaults).__name__} key")
-    invalid = _config_validation_errors()
     try:
         config = AutoConfig.for_model(model_type, **overrides)
     except invalid as error:
-        # A strict config's error wraps the ValueError or TypeError that says what is wrong in a header line.
-        cause = error.__cause__ if isinstance(error.__cause__, (ValueError, TypeError)) else error
         key = _key_at_fault(model_type, overrides, invalid)
         raise plan.locator.error(("model", "config") + ((key,) if key else ()),
-                                 f"not a valid {type(defaults).__name__}: {first_line(cause)}") from None
+                                 f"not a valid {type(defaults).__name__}: {first_line(_cause(error))}") from None
     _check_activation_names(plan, config, defaults, overrides)
     stated = any(key in overrides for key in POSITION_LIMIT_KEYS)
     source = "set in model.config" if stated else f"{type(config).__name__}'s default"
@@ -105,17 +108,22 @@ def _inline_config(plan: ModelPlan) -> Any:
     return config
 
 
-def _config_validation_errors() -> tuple[type[Exception], ...]:
-    """What a transformers config raises for a value it cannot take.
-
-    transformers 5's configs are huggingface_hub strict dataclasses: a field's own check or a
-    class-wide ``validate_*`` method raises one of these, which derive from Exception only.
-    """
+def _config_rejections() -> tuple[type[Exception], ...]:
+    """What making a transformers config raises for values it cannot take: transformers 5's configs are huggingface_hub
+    strict dataclasses, whose field and class checks raise its StrictDataclassError (an Exception only); their
+    ``__post_init__`` code fails as plain code does on a value it cannot use (``num_attention_heads: 0`` divides by
+    zero, a ``rope_parameters`` without its keys is a KeyError). Caught around the config's construction alone."""
+    plain = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError)
     try:
-        from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
-    except ImportError:  # a huggingface_hub before strict dataclasses: its configs' own checks raise ValueError
-        return (ValueError, TypeError)
-    return (ValueError, TypeError, StrictDataclassFieldValidationError, StrictDataclassClassValidationError)
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # a huggingface_hub before strict dataclasses
+        return plain
+    return (*plain, StrictDataclassError)
+
+
+def _cause(error: Exception) -> Exception:
+    """A strict config's error wraps the exception that says what is wrong under a header line: that one."""
+    return error.__cause__ if isinstance(error.__cause__, Exception) else error
 
 
 def _key_at_fault(model_type: str, overrides: dict[str, Any], invalid: tuple[type[Exception], ...]) -> str | None:
@@ -136,24 +144,28 @@ def _key_at_fault(model_type: str, overrides: dict[str, Any], invalid: tuple[typ
     return at_fault[0] if len(at_fault) == 1 else None
 
 
+_ACTIVATION_KEY = re.compile(r"(^|_)act(_|ivation|$)")  # hidden_act, activation_function, act_fn; not "factor", "exact"
+
+
 def _check_activation_names(plan: ModelPlan, config: Any, defaults: Any, overrides: dict[str, Any]) -> None:
     """Every activation the config names is one transformers has (``ACT2FN``), which the model looks it up in when built.
 
-    A config does not check them itself. A key holds an activation when its name says so ("act") and its
-    default is one of ACT2FN's names: both, because some keys default to an activation's name but take
-    other values too (T5's ``feed_forward_proj: gated-gelu``, a router's ``scoring_func: softmax``).
+    A config does not check them itself. A key holds an activation when its name says so (``_ACTIVATION_KEY``) and its
+    default is one of ACT2FN's names: a key whose default is None or another word may hold something else. A key the
+    recipe set under another name (``attribute_map``: GPT-2's ``activation_function`` is ``hidden_act``) is named as set.
     """
     from transformers.activations import ACT2FN
 
+    set_as = {canonical: alias for alias, canonical in getattr(type(config), "attribute_map", {}).items() if alias in overrides}
     for key, default in defaults.to_dict().items():
         value = getattr(config, key, None)
-        if "act" not in key or not isinstance(default, str) or default not in ACT2FN:
+        if not _ACTIVATION_KEY.search(key) or not isinstance(default, str) or default not in ACT2FN:
             continue
-        # An empty or None activation is none at all, which the models that allow one test for before the lookup.
-        if isinstance(value, str) and value and value not in ACT2FN:
+        if isinstance(value, str) and value not in ACT2FN:  # "" too: the model looks it up as it is
             known = did_you_mean(value, list(ACT2FN)) or f" (it has {', '.join(sorted(ACT2FN))})"
-            if key in overrides:
-                raise plan.locator.error(("model", "config", key), f"'{value}' is no activation transformers knows{known}")
+            named = key if key in overrides else set_as.get(key)
+            if named is not None:
+                raise plan.locator.error(("model", "config", named), f"'{value}' is no activation transformers knows{known}")
             raise plan.locator.error(("model", "config"), f"{key} '{value}', which {type(config).__name__} derives from these "
                                      f"values, is no activation transformers knows{known}")
 

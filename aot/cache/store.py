@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,18 +61,30 @@ def storage_options(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
     return options
 
 
+_BARE_PROTOCOL = re.compile(r"[a-z][a-z0-9+.-]*")  # a chain's wrapper named alone: "simplecache" in simplecache::s3://b
+
+
 def check_cache_url(url: str | Path) -> None:
-    """RecipeError (exit 2) when a protocol in ``url`` (each of a chained ``a::b://``) is none that fsspec knows: a
-    typing mistake no retry mends. A store that cannot be reached, or whose backend is not installed, stays a warning
-    (:class:`CacheUnavailable`) and the build goes on without it."""
+    """RecipeError (exit 2) when a link of ``url`` (each of a chained ``a::b://``, read as fsspec reads it) names a
+    protocol fsspec has no filesystem for: a typing mistake no retry mends. A known protocol whose backend is not
+    installed, like a store that cannot be reached, stays a warning (:class:`CacheUnavailable`), and the build goes
+    on without the cache."""
     import fsspec
     from fsspec.core import split_protocol
 
-    known = set(fsspec.available_protocols())
-    for part in str(url).split("::"):
-        protocol, _ = split_protocol(part)
-        if protocol is not None and protocol not in known:
-            raise RecipeError(f"--cache {url}: unknown protocol {protocol!r}, none that fsspec knows")
+    links = str(url).split("::")
+    for position, link in enumerate(links):
+        protocol, _ = split_protocol(link)
+        if protocol is None and position < len(links) - 1 and _BARE_PROTOCOL.fullmatch(link):
+            protocol = link
+        if protocol is None:
+            continue
+        try:
+            fsspec.get_filesystem_class(protocol)  # its registry: also a protocol registered at run time
+        except ValueError:
+            raise RecipeError(f"--cache {url}: unknown protocol {protocol!r}, none that fsspec knows") from None
+        except ImportError:
+            continue
 
 
 class CacheStore:

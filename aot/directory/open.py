@@ -62,14 +62,14 @@ def recipe_of_build(directory: Path, manifest: dict[str, Any], recipe_path: str 
     given, whose hash must match; else the file at the path the manifest records, when it still holds that recipe
     (its relative paths then resolve as at the build); else the build's own copy."""
     recorded = manifest["recipe"]
+    named = Path(str(recorded.get("path", "")))
     if recipe_path:
         source, copy = Path(recipe_path), False
         if not source.is_file():
-            raise RecipeError(f"{source}: recipe not found; pass --recipe")
+            raise RecipeError(f"{source}: recipe not found")
     else:
         # The recorded path is as the build was given it, relative to where the build ran: from elsewhere it may name
         # another file, and a recipe edited since is not the one built. The copy, checked with the rest, is.
-        named = Path(str(recorded.get("path", "")))
         copy = not _holds_recipe(named, recorded["sha256"])
         source = directory / "recipe.yaml" if copy else named
     try:
@@ -78,8 +78,8 @@ def recipe_of_build(directory: Path, manifest: dict[str, Any], recipe_path: str 
         if not copy:
             raise
         # The copy's relative paths (model.pretrained, the gate's data) now start from the build directory.
-        why = "is another file" if Path(str(recorded.get("path", ""))).is_file() else "is not there"
-        raise RecipeError(f"{error} (the build's copy of its recipe, read since {recorded.get('path')} {why} "
+        why = "is another file" if named.is_file() else "is not there"
+        raise RecipeError(f"{error} (the build's copy of its recipe, read since {named} {why} "
                           "from here: pass --recipe with the recipe itself)") from None
     if loaded.sha256 != recorded["sha256"]:
         raise IntegrityError(f"{source}: recipe changed since the build (sha256 differs from {MANIFEST_NAME})")

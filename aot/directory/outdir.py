@@ -19,7 +19,9 @@ import ctypes
 import json
 import logging
 import os
+import re
 import shutil
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +36,9 @@ log = logging.getLogger(__name__)
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 _TEMP_MARK = ".aot-tmp-"
-_FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h: _IOR('f', 1, long)
+# linux/fs.h's _IOR('f', 1, long) in the encoding of x86, arm and riscv (read, the size of a long, type, number); on
+# architectures that encode requests otherwise the request is unknown there (ENOTTY) and no flags are read.
+_FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
 _FS_IMMUTABLE_FL, _FS_APPEND_FL = 0x10, 0x20
 
 
@@ -47,6 +51,9 @@ def check_replaceable(target: Path) -> None:
     target = target.absolute()
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise RecipeError(f"{target}: exists and is not a directory; refusing to replace it")
+    unmovable = _why_the_swap_would_fail(target)
+    if unmovable is not None:
+        raise RecipeError(f"{target}: {unmovable}")
     if target.is_dir():
         unlisted = _files_not_written_by_aot(target)
         if unlisted is not None:
@@ -54,15 +61,39 @@ def check_replaceable(target: Path) -> None:
                 f"{target}: {unlisted}; aot replaces only an empty directory or an earlier aot build "
                 "(remove it yourself or choose another -o)"
             )
-    if target.is_dir() and os.path.ismount(target):
-        raise RecipeError(f"{target}: is a mount point, which a finished build cannot be renamed onto; "
-                          "choose a directory inside it")
-    if target.is_dir() and _inode_flags(target) & (_FS_IMMUTABLE_FL | _FS_APPEND_FL):
-        raise RecipeError(f"{target}: is immutable or append-only (chattr +i/+a); aot cannot replace it")
     writable_parent = next((p for p in target.parents if p.exists()), None)
     if writable_parent is None or not os.access(writable_parent, os.W_OK | os.X_OK):
         what = "cannot replace it" if target.exists() else "cannot create the output directory"
         raise RecipeError(f"{target}: {what} ({writable_parent} is not writable)")
+
+
+def _why_the_swap_would_fail(target: Path) -> str | None:
+    """Why renaming a finished build onto ``target`` would fail, found before the build rather than after it: a mount
+    point cannot be renamed, nor an entry of an immutable or append-only directory (root passes os.access for both)."""
+    if target.is_dir() and _is_mount_point(target):
+        return "is a mount point, which a finished build cannot be renamed onto; choose a directory inside it"
+    for directory, what in ((target, "is"), (target.parent, "is in a directory that is")):
+        if directory.is_dir() and _inode_flags(directory) & (_FS_IMMUTABLE_FL | _FS_APPEND_FL):
+            return f"{what} immutable or append-only (chattr +i/+a); aot cannot replace it"
+    return None
+
+
+def _is_mount_point(directory: Path) -> bool:
+    """Whether ``directory`` is mounted on: another filesystem's root (os.path.ismount), or a bind mount of the same
+    filesystem, which only the process's mount table tells (Linux's /proc/self/mountinfo, its fifth field)."""
+    if os.path.ismount(directory):
+        return True
+    try:
+        table = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError:  # no such table: not Linux
+        return False
+    resolved = str(directory.resolve())
+    return any(_mount_path(line.split(" ")[4]) == resolved for line in table.splitlines() if line.count(" ") >= 4)
+
+
+def _mount_path(field: str) -> str:
+    """A path as the mount table writes it: a space, tab, newline or backslash as a backslash and three octal digits."""
+    return re.sub(r"\\([0-7]{3})", lambda digits: chr(int(digits.group(1), 8)), field)
 
 
 def _inode_flags(directory: Path) -> int:

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aot.directory.integrity import IntegrityReport, verify_directory
+from aot.directory.integrity import IntegrityReport, expected_sha256, verify_directory
 from aot.directory.manifest import MANIFEST_NAME
 from aot.errors import IntegrityError, RecipeError
 from aot.release.dependency import load_model_signing
@@ -179,6 +179,7 @@ def _write_provenance(path: Path, integrity: IntegrityReport, signed: Any, priva
 def _verified_signature(directory: Path, signature: str | Path | None, public_key: str | Path | None,
                         certificate_chain: tuple[str | Path, ...], expect_sha256: str | None, command: str) -> Any:
     """The verified signature of ``directory`` and the manifest digest it signs (checked against ``expect_sha256``)."""
+    expect_sha256 = expected_sha256(expect_sha256)  # a malformed one is bad usage, before any file is read
     load_model_signing(command)
     from aot.release.verification import verify_files
 
@@ -189,7 +190,7 @@ def _verified_signature(directory: Path, signature: str | Path | None, public_ke
     manifest_sha256 = signed.files.get(MANIFEST_NAME)
     if manifest_sha256 is None:
         raise IntegrityError(f"{signature_path}: signs no {MANIFEST_NAME}: not the signature of an aot build directory")
-    if expect_sha256 is not None and expect_sha256.strip().lower() != manifest_sha256:
+    if expect_sha256 is not None and expect_sha256 != manifest_sha256:
         raise IntegrityError(f"{signature_path}: signs {MANIFEST_NAME} sha256 {manifest_sha256}, not the expected {expect_sha256}")
     return signed, manifest_sha256
 

@@ -114,8 +114,9 @@ def sequence_demands(inputs: InputsSpec, shapes: list[dict[str, int]]) -> list[S
 
 
 def generation_demands(generation: GenerationSpec | None) -> list[SequenceDemand]:
-    """The sequences a decoder step's checks generate, each the prompt and then every new token but the last (the last
-    is never fed back): ``generation.prompt_lengths`` with ``new_tokens``, and the fidelity gate's prompts with its own."""
+    """The sequences a decoder step's build feeds it: each generation's prompt and then every new token but the last
+    (the last is never fed back), ``generation.prompt_lengths`` with ``new_tokens`` and the fidelity gate's prompts with
+    its own; and the calibration texts' prefills."""
     if generation is None or not generation.cache:
         return []  # no decoder step: nothing is generated
     new_tokens = generation.new_tokens
@@ -128,6 +129,11 @@ def generation_demands(generation: GenerationSpec | None) -> list[SequenceDemand
         )
         for index, length in enumerate(generation.prompt_lengths)
     ]
+    calibration = generation.calibration
+    if calibration is not None:  # its texts are prefilled, each cut to max_tokens
+        demands.append(SequenceDemand(calibration.max_tokens, ("generation", "calibration", "max_tokens"),
+                                      f"calibration.max_tokens {calibration.max_tokens}",
+                                      "a pass fitting to the calibration texts prefills each, cut to that length"))
     fidelity = generation.fidelity
     if fidelity is not None:
         # The prompts file is tokenised only at build time: its prompts may all be shorter, but none is longer.

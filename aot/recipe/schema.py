@@ -45,10 +45,11 @@ class ModelSpec(_Strict):
         description="transformers class to build, e.g. BertModel or BertForSequenceClassification. "
         "Defaults to AutoModel for the config.",
     )
-    # torch.manual_seed takes 0 to 2**64 - 1, and each shape case's inputs are seeded with seed + the case's index:
-    # the signed 64-bit range leaves that room.
+    # torch's seeds run from -2**63 to 2**64 - 1, and each shape case's inputs are seeded with seed + the case's index:
+    # the signed 64-bit range leaves that room (and takes every seed a recipe could give before it was bounded, but
+    # those from 2**63 up).
     seed: int = Field(
-        0, ge=0, le=2**63 - 1, description="Seed for weight initialisation and random inputs, 0 to 2**63 - 1."
+        0, ge=-(2**63), le=2**63 - 1, description="Seed for weight initialisation and random inputs, -2**63 to 2**63 - 1."
     )
     dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Parameter dtype.")
     weights_dtype: Literal["float16", "bfloat16"] | None = Field(

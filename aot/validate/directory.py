@@ -56,7 +56,7 @@ def validate_directory(
     """``aot validate DIR``: every file against the manifest, then every artifact against eager.
 
     Nothing from DIR is imported or run before its hash matched. The recipe is the one given, else
-    the one the manifest names if it is still there, else the directory's copy; its sha256 must be
+    the file at the path the manifest records while it is still the recipe built, else the directory's copy; its sha256 must be
     the manifest's. A recipe's ``model.factory`` is code: see docs/deploy.md, "Trust".
     """
     stage = Stages(progress)

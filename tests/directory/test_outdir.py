@@ -101,16 +101,21 @@ def test_an_empty_directory_and_an_earlier_build_are_replaced(cli, tmp_path, wri
 
 
 @contextlib.contextmanager
-def _tmpfs(mountpoint: Path, options: str):
-    """A small filesystem of our own (read-only, or full): skipped where this process may not mount one."""
+def _mount(mountpoint: Path, *arguments: str):
+    """``mount ARGUMENTS MOUNTPOINT`` while the test runs: skipped where this process may not mount."""
     mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mountpoint)], capture_output=True)
+    mounted = subprocess.run(["mount", *arguments, str(mountpoint)], capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+        pytest.skip(f"cannot mount here: {mounted.stderr.decode().strip()}")
     try:
         yield mountpoint
     finally:
         subprocess.run(["umount", str(mountpoint)], check=False)
+
+
+def _tmpfs(mountpoint: Path, options: str):
+    """A small filesystem of our own (read-only, or full)."""
+    return _mount(mountpoint, "-t", "tmpfs", "-o", options, "tmpfs")
 
 
 def _build_into(directory: Path, tmp_path: Path):
@@ -139,25 +144,41 @@ def test_a_full_disk_is_an_export_failure_and_leaves_nothing(tmp_path):
 
 
 @contextlib.contextmanager
-def _immutable(directory: Path):
-    """``directory`` made immutable (chattr +i): skipped where this process may not set the flag."""
-    directory.mkdir()
-    flagged = subprocess.run(["chattr", "+i", str(directory)], capture_output=True)
+def _flagged(directory: Path, flag: str):
+    """``directory`` made immutable (``+i``) or append-only (``+a``) by chattr: skipped where this process may not."""
+    directory.mkdir(exist_ok=True)
+    flagged = subprocess.run(["chattr", flag, str(directory)], capture_output=True)
     if flagged.returncode != 0:
-        pytest.skip(f"cannot make a directory immutable here: {flagged.stderr.decode().strip()}")
+        pytest.skip(f"cannot chattr {flag} here: {flagged.stderr.decode().strip()}")
     try:
         yield directory
     finally:
-        subprocess.run(["chattr", "-i", str(directory)], check=False)
+        subprocess.run(["chattr", flag.replace("+", "-"), str(directory)], check=False)
 
 
-@pytest.mark.parametrize("kind", ["mount point", "immutable"])
-def test_a_directory_the_final_rename_cannot_replace_is_refused_before_any_work(cli, write_recipe, tmp_path, kind):
-    place = _tmpfs(tmp_path / "mounted", "size=1m") if kind == "mount point" else _immutable(tmp_path / "frozen")
-    with place as target:
+def _unmovable(kind: str, tmp_path: Path):
+    """An empty output directory that a build may replace by the rules, but a rename cannot: (context, target)."""
+    if kind == "mount point":
+        return _tmpfs(tmp_path / "mounted", "size=1m"), None
+    if kind == "bind mount":
+        (tmp_path / "source").mkdir()  # the same filesystem: os.path.ismount cannot tell
+        return _mount(tmp_path / "bound", "--bind", str(tmp_path / "source")), None
+    if kind == "immutable":
+        return _flagged(tmp_path / "frozen", "+i"), None
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "out").mkdir()
+    return _flagged(tmp_path / "log", "+a"), "out"  # append-only parent: entries made, none renamed or removed
+
+
+@pytest.mark.parametrize("kind, expected", [("mount point", "mount point"), ("bind mount", "mount point"),
+                                            ("immutable", "immutable"), ("append-only parent", "append-only")])
+def test_a_directory_the_final_rename_cannot_replace_is_refused_before_any_work(cli, write_recipe, tmp_path, kind, expected):
+    place, inside = _unmovable(kind, tmp_path)
+    with place as directory:
+        target = directory / inside if inside else directory
         assert target.is_dir() and not list(target.iterdir())  # precondition: empty, which aot may otherwise replace
         result = cli("build", write_recipe(), "-o", target)
         assert result.exit_code == 2, result.described
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and str(target) in lines[0] and (kind in lines[0]), result.described
-        assert not list(target.iterdir()) and not [p for p in tmp_path.iterdir() if ".aot-tmp-" in p.name]
+        assert len(lines) == 1 and str(target) in lines[0] and expected in lines[0], result.described
+        assert not list(target.iterdir()) and not [p for p in target.parent.iterdir() if ".aot-tmp-" in p.name]

@@ -123,8 +123,15 @@ def test_schema_faults_are_reported_before_torch_is_imported(write_recipe):
         ("resnet.yaml", "model.config.layer_type=fancy",
          r"^--set model.config.layer_type: not a valid ResNetConfig: layer_type=fancy is not one of basic,bottleneck$"),
         ("bert.yaml", "model.config.hidden_act=foo", r"^--set model.config.hidden_act: 'foo' is no activation transformers knows \("),
+        ("bert.yaml", "model.config.hidden_act=''", r"^--set model.config.hidden_act: '' is no activation transformers knows \("),
+        # GPT-2's activation_function is its config's hidden_act (attribute_map): named as the recipe set it
+        ("gpt2.yaml", "model.config.activation_function=foo", r"^--set model.config.activation_function: 'foo' is no activation"),
+        # plain code in the config's __post_init__ fails on it
+        ("llama.yaml", "model.config.num_attention_heads=0", r"^--set model.config.num_attention_heads: not a valid LlamaConfig: "),
+        ("llama.yaml", "model.config.rope_parameters={rope_type: linear}",
+         r"^--set model.config.rope_parameters: not a valid LlamaConfig: .*Missing required keys"),
     ],
-    ids=["field-validator", "class-validator", "activation"],
+    ids=["field-validator", "class-validator", "activation", "empty-activation", "activation-alias", "division", "missing-keys"],
 )
 def test_a_config_value_the_model_cannot_take_names_the_key(recipe, override, expected):
     assert check_recipe(RECIPES_DIR / recipe).model_class  # precondition: the shipped recipe checks

@@ -26,9 +26,9 @@ def test_tiny_recipe_loads_with_defaults(write_recipe):
     [
         (lambda t: t.replace("  seed: 0\n", "  seed: 0\n  sed: 1\n"), r"tiny.yaml:11: model.sed: unknown key \(did you mean 'seed'\?\)$"),
         (lambda t: t.replace("seed: 0", "seed: zero"), r"tiny.yaml:10: model.seed: Input should be a valid integer"),
-        # torch.manual_seed overflows above 2**64 - 1, and each shape case's inputs are seeded with seed + its index
+        # torch's seeds end at 2**64 - 1, and each shape case's inputs are seeded with seed + its index
         (lambda t: t.replace("seed: 0", "seed: 99999999999999999999"), r"tiny.yaml:10: model.seed: Input should be less than or equal to 9223372036854775807"),
-        (lambda t: t.replace("seed: 0", "seed: -1"), r"tiny.yaml:10: model.seed: Input should be greater than or equal to 0"),
+        (lambda t: t.replace("seed: 0", f"seed: {-2**63 - 1}"), r"tiny.yaml:10: model.seed: Input should be greater than or equal to -9223372036854775808"),
         (lambda t: t.replace("  - merge_linears", "  - merge_lineras"), r"tiny.yaml:19: passes\[0\]: unknown pass 'merge_lineras' \(did you mean 'merge_linears'\?\)$"),
         (lambda t: t.replace("    batch: {size: 2", "    batch: {size: -2"), r"tiny.yaml:13: inputs.dims.batch.size"),
         (lambda t: t.replace("passes:\n  - merge_linears", "passes:\n  - merge_linears: {bogus: 1}"), r"tiny.yaml:19: passes\[0\].merge_linears.bogus: unknown key"),
@@ -241,8 +241,10 @@ def test_the_largest_seed_loads_and_leaves_room_for_each_shape_case_seed(write_r
     largest = 2**63 - 1
     plan = plan_build(load_recipe(write_recipe(TINY_BERT.replace("seed: 0", f"seed: {largest}"))))
     assert plan.inputs.seed == largest
-    torch.manual_seed(plan.model.spec.seed)
+    with torch.random.fork_rng():  # the suite's own generator state goes on as it was
+        torch.manual_seed(plan.model.spec.seed)
     torch.Generator().manual_seed(plan.inputs.seed + len(plan.inputs.case_dims) - 1)  # the last shape case's inputs
+    assert load_recipe(write_recipe(TINY_BERT.replace("seed: 0", "seed: -1"))).recipe.model.seed == -1  # as torch takes it
     with pytest.raises(RecipeError, match=r"tiny.yaml:10: model.seed: Input should be less than or equal to"):
         load_recipe(write_recipe(TINY_BERT.replace("seed: 0", f"seed: {largest + 1}")))
 
