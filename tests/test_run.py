@@ -239,3 +239,22 @@ def test_token_ids_run_a_build_that_ships_no_tokenizer(tiny_build):
                                (("hello", "--ids", "2"), "either --ids or texts")):
         result = run_aot_here("run", tiny_build, *arguments)
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_the_python_api_refuses_what_a_build_cannot_answer_in_one_line(builds):
+    decoder, encoder = aot.load(builds["decoder"]), aot.load(builds["encoder"])
+    assert decoder.task == "decoder" and encoder.task == "encoder"  # precondition: one build of each
+    limit = decoder.config.n_positions
+    assert decoder.generate(["Once upon a time"], max_new_tokens=2)  # precondition: a generation in range runs
+    cases = {
+        lambda: decoder.generate(["Once upon a time"], max_new_tokens=limit): f"text 1: 4 tokens + {limit} new - 1",
+        lambda: decoder.generate("Once upon a time"): "a list of strings, not one string",
+        lambda: decoder.generate([None]): "text 1 is NoneType, not a string",
+        lambda: decoder.embed(["Once upon a time"]): "a decoder build does not embed (an encoder build does)",
+        lambda: decoder.classify(["Once upon a time"]): "a decoder build does not classify texts",
+        lambda: encoder.generate(["Once upon a time"]): "an encoder build does not generate (a decoder build does)",
+    }
+    for call, message in cases.items():
+        with pytest.raises(aot.errors.RecipeError) as caught:
+            call()
+        assert message in str(caught.value) and "\n" not in str(caught.value), str(caught.value)

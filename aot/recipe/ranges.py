@@ -155,7 +155,7 @@ def check_position_limit(demands: list[SequenceDemand], config: Mapping[str, Any
     A config without such a key (relative positions, convolutions) has no limit,
     and neither has one with rotary embeddings or (DeBERTa) no absolute positions.
     """
-    table = _position_table(config)
+    table = position_table(config)
     if table is None:
         return
     key, limit = table
@@ -182,7 +182,7 @@ def _sequence_sizes(inputs: InputsSpec, shapes: list[dict[str, int]], tensor_ind
             yield shape[axis], ("inputs", "dims", axis), f"default validation shape {axis}={shape[axis]} (set the dim's max)"
 
 
-def _position_table(config: Mapping[str, Any]) -> tuple[str, int] | None:
+def position_table(config: Mapping[str, Any]) -> tuple[str, int] | None:
     """The config key and the size of the model's table of position embeddings, when it has one."""
     if any(config.get(rotary) is not None for rotary in ROTARY_KEYS) or config.get("position_biased_input") is False:
         return None

@@ -6,7 +6,7 @@
     model.classify(["great film"])                 # [[("POSITIVE", 0.93), ...]]: id2label, softmax
     model.classify_images(["cat.jpg"])             # a vision build: through the shipped image processor
     model.embed(model.encode_ids([[101, 7592, 102]]))         # token ids where a build ships no tokenizer
-    model.generate("Once upon a time", max_new_tokens=20)      # greedy text, stops at eos
+    model.generate(["Once upon a time"], max_new_tokens=20)    # greedy text, stops at eos
     model({"input_ids": ..., "attention_mask": ...})           # token ids in, outputs out
 
 Every file is checked against the manifest first, as ``aot validate`` does (exit 7 on a mismatch),
@@ -31,6 +31,7 @@ from aot.bundle import DEPLOYMENT_KEY
 from aot.directory.open import open_build
 from aot.directory.signed import signed_manifest_sha256
 from aot.errors import RecipeError
+from aot.recipe.ranges import position_table
 from aot.export.kinds import OpenOptions, artifact_kinds, kind_of_runtime, runtimes
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ class BuiltModel:
     def embed(self, texts: list[str] | Encoded, pooling: str | None = None) -> tuple[torch.Tensor, list[int]]:
         """One vector per text (or :meth:`encode_ids`'s rows), pooled over its tokens (``pooling``, else the recipe's,
         else mean); and the truncated."""
+        self._require_task("encoder", "embed")
         pooling = pooling or self.pooling
         if pooling not in POOLINGS:
             raise RecipeError(f"pooling '{pooling}' is not one of {', '.join(POOLINGS)}")
@@ -173,6 +175,25 @@ class BuiltModel:
             raise RecipeError(f"{self.directory}: token ids cannot feed its {', '.join(missing)}")
         return Encoded({name: made[name].to(getattr(torch, self._tensors[name].get("dtype", "int64"))) for name in self._tensors})
 
+    def _require_task(self, task: str, verb: str) -> None:
+        """RecipeError naming the build unless it is ``task``'s: the artifact's own error would name its missing inputs."""
+        if self.task != task:
+            raise RecipeError(f"{self.directory}: {_article(self.task)} build does not {verb} ({_article(task)} build does)")
+
+    def _check_positions(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+        """Each prompt and the new tokens fed back after it within the model's table of positions (where it has one:
+        rotary positions have none), as the build checked its own generations (aot.recipe.ranges)."""
+        text_config = self.config.get_text_config() if self.config is not None else None
+        table = position_table(text_config.to_dict()) if text_config is not None else None
+        if table is None:
+            return
+        key, limit = table
+        for index, prompt in enumerate(prompts):
+            fed = len(prompt) + max_new_tokens - 1  # the last new token is never fed back
+            if fed > limit:
+                raise RecipeError(f"text {index + 1}: {len(prompt)} tokens + {max_new_tokens} new - 1 = {fed} positions, above "
+                                  f"the model's {key} {limit}: a shorter prompt or fewer new tokens")
+
     def _pad_id(self) -> int:
         if self.deployment.get("tokenizer") and self.tokenizer.pad_token_id is not None:
             return int(self.tokenizer.pad_token_id)
@@ -181,11 +202,13 @@ class BuiltModel:
 
     def classify(self, texts: list[str] | Encoded, top: int = 3) -> tuple[list[list[tuple[str, float]]], list[int]]:
         """The ``top`` labels of each text (``id2label``) with their softmax scores (texts, or :meth:`encode_ids`'s)."""
+        self._require_task("classifier", "classify texts")
         encoded = texts if isinstance(texts, Encoded) else self.encode(texts)
         return self._top_labels(self.artifact(encoded.inputs)["logits"], top), encoded.truncated
 
     def classify_images(self, paths: list[str], top: int = 3) -> list[list[tuple[str, float]]]:
         """The ``top`` labels of each image file (``id2label``) with their softmax scores, through the shipped processor."""
+        self._require_task("vision", "classify images")
         pixels = self.processor(images=[_read_image(path) for path in paths], return_tensors="pt")["pixel_values"]
         dtype = getattr(torch, self._tensors.get("pixel_values", {}).get("dtype", "float32"))
         return self._top_labels(self.artifact({"pixel_values": pixels.to(dtype)})["logits"], top)
@@ -198,14 +221,16 @@ class BuiltModel:
                 for row_scores, row_ids in zip(best.values, best.indices)]
 
     def generate(self, texts: list[str], max_new_tokens: int = 32) -> list[str]:
-        """Greedy continuations of ``texts`` (a batch, left padded), each stopping at the model's eos."""
+        """Greedy continuations of ``texts`` (a batch, left padded), each stopping at the model's eos. A prompt whose
+        generation would run past the model's table of positions is refused, not cut: a cut prompt is another prompt."""
         _check_texts(texts)
-        if self.task != "decoder":
-            raise RecipeError(f"{self.directory}: a {self.task} build does not generate")
+        self._require_task("decoder", "generate")
         tokenizer = self.tokenizer
         ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-        if any(not row for row in ids):
-            raise RecipeError("a prompt that the tokenizer turns into no tokens cannot be continued")
+        empty = [index + 1 for index, row in enumerate(ids) if not row]
+        if empty:
+            raise RecipeError(f"text {empty[0]}: the tokenizer turns it into no tokens, which cannot be continued")
+        self._check_positions(ids, max_new_tokens)
         longest = max(len(row) for row in ids)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         input_ids = torch.tensor([[pad] * (longest - len(row)) + row for row in ids], dtype=torch.int64)
@@ -214,6 +239,10 @@ class BuiltModel:
         tokens = self.artifact.generate(input_ids, mask, max_new_tokens, eos_token_id=eos, pad_token_id=pad)
         new = tokens[:, longest:]
         return [_continuation(tokenizer, prompt, _until_eos(row.tolist(), eos)) for prompt, row in zip(ids, new)]
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
 def _continuation(tokenizer, prompt: list[int], generated: list[int]) -> str:
@@ -282,8 +311,13 @@ def _read_image(path: str) -> Any:
 
 
 def _check_texts(texts: list[str]) -> None:
+    if isinstance(texts, str):  # iterated, it would be its characters
+        raise RecipeError("texts: give a list of strings, not one string")
     if not texts:
         raise RecipeError("no text given")
+    wrong = [index + 1 for index, text in enumerate(texts) if not isinstance(text, str)]
+    if wrong:
+        raise RecipeError(f"text {wrong[0]} is {type(texts[wrong[0] - 1]).__name__}, not a string")
     empty = [index + 1 for index, text in enumerate(texts) if not text.strip()]
     if empty:
         raise RecipeError(f"text {empty[0]} is empty")
