@@ -113,6 +113,12 @@ def sequence_demands(inputs: InputsSpec, shapes: list[dict[str, int]]) -> list[S
     return demands
 
 
+def generation_length(prompt_tokens: int, new_tokens: int) -> int:
+    """The positions a greedy generation feeds the model: the prompt, then each new token but the last (which is never
+    fed back)."""
+    return prompt_tokens + new_tokens - 1
+
+
 def generation_demands(generation: GenerationSpec | None) -> list[SequenceDemand]:
     """The sequences a decoder step's build feeds it: each generation's prompt and then every new token but the last
     (the last is never fed back), ``generation.prompt_lengths`` with ``new_tokens`` and the fidelity gate's prompts with
@@ -122,9 +128,9 @@ def generation_demands(generation: GenerationSpec | None) -> list[SequenceDemand
     new_tokens = generation.new_tokens
     demands = [
         SequenceDemand(
-            length + new_tokens - 1,
+            generation_length(length, new_tokens),
             ("generation", "prompt_lengths", index),
-            f"prompt length {length} + generation.new_tokens {new_tokens} - 1 = {length + new_tokens - 1} tokens",
+            f"prompt length {length} + generation.new_tokens {new_tokens} - 1 = {generation_length(length, new_tokens)} tokens",
             "greedy generation feeds the prompt, then each new token but the last",
         )
         for index, length in enumerate(generation.prompt_lengths)
@@ -137,7 +143,7 @@ def generation_demands(generation: GenerationSpec | None) -> list[SequenceDemand
     fidelity = generation.fidelity
     if fidelity is not None:
         # The prompts file is tokenised only at build time: its prompts may all be shorter, but none is longer.
-        size = fidelity.max_prompt_tokens + fidelity.new_tokens - 1
+        size = generation_length(fidelity.max_prompt_tokens, fidelity.new_tokens)
         demands.append(SequenceDemand(
             size,
             ("generation", "fidelity", "max_prompt_tokens"),

@@ -31,7 +31,7 @@ from aot.bundle import DEPLOYMENT_KEY
 from aot.directory.open import open_build
 from aot.directory.signed import signed_manifest_sha256
 from aot.errors import RecipeError
-from aot.recipe.ranges import position_table
+from aot.recipe.ranges import generation_length, position_table
 from aot.export.kinds import OpenOptions, artifact_kinds, kind_of_runtime, runtimes
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class BuiltModel:
             return
         key, limit = table
         for index, prompt in enumerate(prompts):
-            fed = len(prompt) + max_new_tokens - 1  # the last new token is never fed back
+            fed = generation_length(len(prompt), max_new_tokens)
             if fed > limit:
                 raise RecipeError(f"text {index + 1}: {len(prompt)} tokens + {max_new_tokens} new - 1 = {fed} positions, above "
                                   f"the model's {key} {limit}: a shorter prompt or fewer new tokens")
