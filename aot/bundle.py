@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.errors import ValidationError
+from aot.recipe.locator import Located
 from aot.recipe.plan import DeploymentPlan
 
 log = logging.getLogger(__name__)
@@ -106,14 +107,21 @@ def _write_tokenizer(plan: DeploymentPlan, directory: Path, deployment: Deployme
 
     key = source.key
     tokenizer = load_tokenizer(source)
-    vocabulary = getattr(inner.config.get_text_config(), "vocab_size", None) if inner is not None else None
-    if vocabulary is not None and len(tokenizer) > vocabulary:
-        raise source.error(f"its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {vocabulary}", key[:-1])
+    if inner is not None:
+        check_tokenizer_fits(source, tokenizer, inner.config)
     before = {path.name for path in directory.iterdir()}
     tokenizer.save_pretrained(str(directory))
     deployment.tokenizer = sorted(path.name for path in directory.iterdir() if path.name not in before)
     deployment.tokenizer_source = ".".join(map(str, key[:-1]))  # a recipe key: no machine's path
     deployment.texts_checked = check_shipped_tokenizer(plan, directory, tokenizer)
+
+
+def check_tokenizer_fits(source: Located, tokenizer: Any, config: Any) -> None:
+    """Every id ``tokenizer`` (loaded from ``source``) gives indexes the model's embedding: it has no more tokens than
+    ``config``'s text vocab_size (``aot check`` and the build ask the same)."""
+    vocabulary = getattr(config.get_text_config(), "vocab_size", None)
+    if vocabulary is not None and len(tokenizer) > vocabulary:
+        raise source.error(f"its tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size {vocabulary}", source.key[:-1])
 
 
 def _write_processor(plan: DeploymentPlan, directory: Path, deployment: Deployment) -> None:

@@ -534,9 +534,9 @@ def _print_bench(report) -> None:
               "for an encoder or a classifier, and the way into a build that ships no tokenizer.")
 @click.option("--pooling", type=click.Choice(["mean", "cls", "none"]), help="An encoder's pooling (default: the recipe's, else mean).")
 @click.option("--similarity", is_flag=True, help="An encoder: the cosine similarity of every pair of texts.")
-@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True, help="A classifier: labels shown per text.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="A decoder: tokens generated per prompt (greedy; stops at eos).")
-@click.option("--threads", type=click.IntRange(min=1), help="ONNX Runtime's intra-op threads (default: its own).")
+@click.option("--top", type=click.IntRange(min=1), help="A classifier: labels shown per text (default: 3).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), help="A decoder: tokens generated per prompt (greedy; stops at eos; default: 32).")
+@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads: ONNX Runtime's, or torch's with --runtime torch (default: their own).")
 @_EXPECT_SHA256
 @_TRUST_CODE
 @_PUBLIC_KEY

@@ -11,7 +11,10 @@ is known only once it is built: it has no blueprint, and
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,12 +99,14 @@ def _inline_config(plan: ModelPlan) -> Any:
         if key not in known and not hasattr(defaults, key) and not token_id:
             raise plan.locator.error(("model", "config", key), f"unknown {type(defaults).__name__} key")
     try:
-        config = AutoConfig.for_model(model_type, **overrides)
+        with _token_id_warnings_held(overrides):  # _check_vocabulary says it in one line, naming the key
+            config = AutoConfig.for_model(model_type, **overrides)
     except invalid as error:
         key = _key_at_fault(model_type, overrides, invalid)
         raise plan.locator.error(("model", "config") + ((key,) if key else ()),
                                  f"not a valid {type(defaults).__name__}: {first_line(_cause(error))}") from None
     _check_activation_names(plan, config, defaults, overrides)
+    _check_vocabulary(plan, config, overrides)
     stated = any(key in overrides for key in POSITION_LIMIT_KEYS)
     source = "set in model.config" if stated else f"{type(config).__name__}'s default"
     check_position_limit(list(plan.sequence_demands), config.to_dict(), source, plan.locator)
@@ -168,6 +173,55 @@ def _check_activation_names(plan: ModelPlan, config: Any, defaults: Any, overrid
                 raise plan.locator.error(("model", "config", named), f"'{value}' is no activation transformers knows{known}")
             raise plan.locator.error(("model", "config"), f"{key} '{value}', which {type(config).__name__} derives from these "
                                      f"values, is no activation transformers knows{known}")
+
+
+_TOKEN_ID_WARNING = "must be `None` or an integer within the vocabulary"  # transformers' validate_token_ids
+
+
+class _TokenIdWarningsDropped(logging.Filter):
+    """Drops transformers' warning about the special token ids ``names``."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(f"{name} {_TOKEN_ID_WARNING}" in message for name in self.names)
+
+
+@contextlib.contextmanager
+def _token_id_warnings_held(overrides: dict[str, Any]) -> Iterator[None]:
+    """transformers only warns of a special token id outside the vocabulary (checkpoints on the Hub carry such ids, so it
+    must load them); an id the recipe sets itself is checked by :func:`_check_vocabulary` instead, as an error, and
+    its warning would only repeat it. A default id the recipe's vocabulary leaves out stays a warning."""
+    held = logging.getLogger("transformers.configuration_utils")
+    dropped = _TokenIdWarningsDropped([key for key in overrides if key.endswith("_token_id")])
+    held.addFilter(dropped)
+    try:
+        yield
+    finally:
+        held.removeFilter(dropped)
+
+
+def _check_vocabulary(plan: ModelPlan, config: Any, overrides: dict[str, Any]) -> None:
+    """The vocabulary holds at least one token (an embedding of none cannot embed the prompt), and every special token
+    id the recipe sets itself (``bos_token_id``, ``pad_token_id``, ...) lies in it. An id from the config class's
+    defaults is left as transformers leaves it, with a warning: a tiny test model's vocabulary often leaves GPT-2's
+    50256 out, and builds and generates (it never emits that eos)."""
+    text = config.get_text_config(decoder=True)
+    vocabulary = getattr(text, "vocab_size", None)
+    if not isinstance(vocabulary, int) or isinstance(vocabulary, bool):
+        return
+    if vocabulary < 1:
+        key, said = (("vocab_size",), f"{vocabulary}") if "vocab_size" in overrides else ((), f"vocab_size {vocabulary}")
+        raise plan.locator.error(("model", "config") + key, f"{said}: a vocabulary holds at least one token")
+    for name, value in text.to_dict().items():
+        if name not in overrides or not name.endswith("_token_id") or not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if not 0 <= value < vocabulary:
+            raise plan.locator.error(("model", "config", name), f"{value} is outside the vocabulary (vocab_size {vocabulary}: "
+                                     f"ids 0..{vocabulary - 1})")
 
 
 def _pretrained_config(plan: ModelPlan) -> Any:

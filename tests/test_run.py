@@ -106,6 +106,11 @@ def test_bad_input_is_one_line_and_exit_2(builds, tmp_path):
         ("run", builds["encoder"], ""): "TEXT 1 is empty",
         ("run", builds["encoder"], "one", "--similarity"): "--similarity needs an encoder build and at least two texts",
         ("run", builds["decoder"], "hi", "--similarity"): "--similarity needs an encoder build",
+        # an option of another task's answers would be ignored: refused instead
+        ("run", builds["decoder"], "hi", "--pooling", "cls"): f"--pooling applies to an encoder build, not to {builds['decoder']} (a decoder build)",
+        ("run", builds["decoder"], "hi", "--top", "2"): "--top applies to a classifier or vision build, not to",
+        ("run", builds["encoder"], "hi", "--max-new-tokens", "4"): "--max-new-tokens applies to a decoder build, not to",
+        ("run", builds["classifier"], "hi", "--pooling", "mean"): "(a classifier build)",
     }
     for arguments, message in cases.items():
         result = run_aot(*arguments)
@@ -253,8 +258,30 @@ def test_the_python_api_refuses_what_a_build_cannot_answer_in_one_line(builds):
         lambda: decoder.embed(["Once upon a time"]): "a decoder build does not embed (an encoder build does)",
         lambda: decoder.classify(["Once upon a time"]): "a decoder build does not classify texts",
         lambda: encoder.generate(["Once upon a time"]): "an encoder build does not generate (a decoder build does)",
+        lambda: aot.load(builds["encoder"], threads=0): "threads must be a whole number of at least 1, got 0",
+        lambda: aot.load(builds["encoder"], threads="2"): "threads must be a whole number of at least 1, got '2'",
+        lambda: aot.load(builds["encoder"], threads=True): "got True",
     }
     for call, message in cases.items():
         with pytest.raises(aot.errors.RecipeError) as caught:
             call()
         assert message in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_threads_reach_the_runtime_that_runs(builds):
+    from aot.export.kinds import artifact_kind, artifact_kinds
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.get_num_threads() == 2  # precondition: 1 is a change
+        onnx = aot.load(builds["encoder"], threads=1)
+        assert onnx.artifact.session.get_session_options().intra_op_num_threads == 1
+        aot.load(builds["encoder"], "torch", threads=1)
+        assert torch.get_num_threads() == 1  # torch's one pool, the GraphModule's
+    finally:
+        torch.set_num_threads(before)
+    fixed = [kind for kind in artifact_kinds() if kind.fixed_threads]
+    assert fixed == [artifact_kind("aoti")]  # a kind that cannot take them says why, and aot.load refuses them
+    with pytest.raises(aot.errors.RecipeError, match="threads= cannot reach the AOTInductor package: its threads were fixed"):
+        aot.load(builds["encoder"], "aoti", threads=1)

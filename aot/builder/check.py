@@ -41,7 +41,7 @@ class CheckReport:
     passes: list[str]
     graph_module_passes: list[str]
     dims: dict[str, DimRange]
-    validation_shapes: list[dict[str, int]]  # the trace-time shape first
+    validation_shapes: list[dict[str, int]]  # the trace-time shape first; none for a decoder (see generation)
     not_checked: list[str] = field(default_factory=list)  # what only a build can tell
     generation: dict[str, Any] | None = None  # a decoder's: its prompts' lengths and the tokens generated after each
 
@@ -70,6 +70,11 @@ def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport
     from aot.model_blueprint import model_blueprint  # transformers: only once the recipe itself is sound
 
     blueprint = model_blueprint(plan.model)
+    if blueprint is not None and plan.deployment.tokenizer is not None:  # the build ships it: it must fit the model
+        from aot.bundle import check_tokenizer_fits
+        from aot.models import load_tokenizer
+
+        check_tokenizer_fits(plan.deployment.tokenizer, load_tokenizer(plan.deployment.tokenizer), blueprint.config)
     not_checked = ["numerical validation (needs the weights)"]
     if plan.model.spec.device != "cpu":
         not_checked.append(f"whether this machine has device '{plan.model.spec.device}'")
@@ -88,7 +93,7 @@ def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport
             name: DimRange(size=dim.size, dynamic=dim.dynamic, min=dim.min, max=dim.max)
             for name, dim in plan.inputs.spec.dims.items()
         },
-        validation_shapes=list(plan.inputs.case_dims),
+        validation_shapes=[] if plan.validation.generation is not None else list(plan.inputs.case_dims),
         not_checked=not_checked,
         generation=_generation(plan.validation.generation),
     )

@@ -232,6 +232,7 @@ class AotiKind(ArtifactKind):
 
     title = "AOTInductor package"
     name = "aoti"
+    fixed_threads = "its threads were fixed when Inductor compiled it"  # the kernels' OpenMP regions name their count
     runtime = "aoti"
     main_file = AOTI_FILE
     runs_code = True  # a compiled shared library

@@ -198,6 +198,8 @@ class GraphModuleKind(ArtifactKind):
         return save_graph_module(graph, context.directory / FOLDER)
 
     def open(self, directory: Path, options: OpenOptions) -> TorchRunnable:
+        if options.threads is not None:  # torch has one intra-op pool a process: the module runs on it
+            torch.set_num_threads(options.threads)
         return TorchRunnable(directory / FOLDER, options.sha256_of(self.main_file))
 
     def open_module(self, directory: Path, sha256_of, *, keep_freed_memory: bool = True) -> torch.nn.Module:

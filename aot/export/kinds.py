@@ -49,7 +49,7 @@ class OpenOptions:
     manifest: dict[str, Any]
     sha256_of: Callable[[str], str | None]  # the manifest's digest of a file: code runs only from the bytes hashed
     decoder: bool = False  # a decoder step: the artifact also generates
-    threads: int | None = None
+    threads: int | None = None  # the runtime's intra-op threads (unless the kind's ``fixed_threads`` says why not)
     device: str = "cpu"
 
 
@@ -74,6 +74,7 @@ class ArtifactKind:
     generates: ClassVar[bool] = True  # a decoder build's artifact of this kind can generate
     written_beside: ClassVar[bool] = False  # written by a forked child beside the other stages (aot.builder.onnx_stage)
     manifest_key: ClassVar[str | None] = None  # the manifest's key for what :meth:`manifest_section` records
+    fixed_threads: ClassVar[str | None] = None  # why :meth:`open` cannot take ``OpenOptions.threads``; None: it takes them
 
     def write(self, graph: Any, context: WriteContext) -> Any:
         """Write the kind's files under ``context.directory``; what it returns goes to :meth:`manifest_section`."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -131,6 +131,9 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     path = Path(path)
     if isinstance(overrides, str):
         raise TypeError("overrides is a sequence of 'KEY=VALUE' strings, not one string")
+    if isinstance(overrides, Mapping):  # iterating it would give its keys alone
+        raise TypeError(f"overrides is a sequence of 'KEY=VALUE' strings, not a mapping: "
+                        f"{[f'{key}={value}' for key, value in overrides.items()]}?")
     overrides = tuple(overrides)
     text = read_recipe_text(path)
     data, lines = parse_recipe_yaml(path, text)

@@ -25,6 +25,11 @@ from .built_model import BuiltModel, cosine_similarities
 BATCH_SIZE = 16
 
 
+def _builds(tasks: list[str] | tuple[str, ...]) -> str:
+    """``["encoder"]`` as "an encoder build", ``["classifier", "vision"]`` as "a classifier or vision build"."""
+    return f"{'an' if tasks[0][0] in 'aeiou' else 'a'} {' or '.join(tasks)} build"
+
+
 def read_texts(lines: Iterable[str], source: str, field: str | None = None) -> list[str]:
     """One text a line (a final newline is no line); with ``field``, each line a JSON object holding it."""
     texts = []
@@ -87,16 +92,31 @@ def parse_ids(values: tuple[str, ...]) -> list[list[int]]:
     return rows
 
 
-def answer(model: BuiltModel, texts: list[str], *, similarity: bool = False, pooling: str | None = None, top: int = 3,
-           max_new_tokens: int = 32, on_batch: Callable[[int, int], None] | None = None,
+TOP_LABELS = 3  # a classifier's labels shown per text, unless ``top`` says
+NEW_TOKENS = 32  # a decoder's tokens generated per prompt, unless ``max_new_tokens`` says
+
+# The options that shape one task's answers, and the tasks they apply to: given for another task, they would be ignored.
+_TASK_OPTIONS = {"pooling": ("encoder",), "top": ("classifier", "vision"), "max_new_tokens": ("decoder",)}
+
+
+def answer(model: BuiltModel, texts: list[str], *, similarity: bool = False, pooling: str | None = None, top: int | None = None,
+           max_new_tokens: int | None = None, on_batch: Callable[[int, int], None] | None = None,
            token_ids: list[list[int]] | None = None) -> dict[str, Any]:
     """The answers for ``texts`` (image paths for a vision build; or ``token_ids``' rows) with the task, runtime
-    and truncated texts; see the module docstring."""
+    and truncated texts; see the module docstring. ``pooling``, ``top`` (default 3) and ``max_new_tokens`` (default
+    32) shape one task's answers each: given for another task's build, they are an error."""
     examples: list[Any] = token_ids if token_ids else texts
     if token_ids and model.task not in ("encoder", "classifier"):
         raise RecipeError(f"{model.directory}: token ids feed an encoder or a classifier, not a {model.task} build")
     if similarity and (model.task != "encoder" or len(examples) < 2):
         raise RecipeError("--similarity needs an encoder build and at least two texts")
+    given = {"pooling": pooling, "top": top, "max_new_tokens": max_new_tokens}
+    for option, tasks in _TASK_OPTIONS.items():
+        if given[option] is not None and model.task not in tasks:
+            flag = "--" + option.replace("_", "-")
+            raise RecipeError(f"{flag} applies to {_builds(tasks)}, not to {model.directory} ({_builds([model.task])})")
+    top = TOP_LABELS if top is None else top
+    max_new_tokens = NEW_TOKENS if max_new_tokens is None else max_new_tokens
     result: dict[str, Any] = {"task": model.task, "runtime": model.runtime, "build": str(model.directory), "items": [], "truncated": []}
     key = "ids" if token_ids else "text"
     vectors = []

@@ -267,12 +267,21 @@ def load(directory: str | Path, runtime: str = "onnx", *, expect_sha256: str | N
     ``public_key``: the directory's OpenSSF model signature (``signature``, by default ``DIR.sig`` beside it, else
     ``DIR/model.sig``) must verify with it over every file; the manifest's sha256 it signs then stands for
     ``expect_sha256``, and so gives consent to run the directory's code (:mod:`aot.directory.signed`).
+
+    ``threads``: the runtime's intra-op threads, ONNX Runtime's session's or, for ``runtime="torch"``, torch's
+    (``torch.set_num_threads``: one pool for the whole process); a kind that cannot take them (the AOTInductor
+    package, compiled for its count) refuses them.
     """
     if runtime not in runtimes():
         raise RecipeError(f"runtime '{runtime}' is not one of {', '.join(runtimes())}")
     if signature is not None and public_key is None:
         raise RecipeError("signature= needs public_key=: the key to check it with")
     kind = kind_of_runtime(runtime)
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise RecipeError(f"threads must be a whole number of at least 1, got {threads!r}")
+        if kind.fixed_threads:
+            raise RecipeError(f"threads= cannot reach the {kind.title}: {kind.fixed_threads}")
     if public_key is not None:
         expect_sha256 = signed_manifest_sha256(directory, public_key, signature, expect_sha256, command="aot.load(public_key=...)")
     opened = open_build(directory, expect_sha256, trust_code)

@@ -205,7 +205,12 @@ def symbolic_trace(
     autowrap_functions: Iterable[Callable | str] = (),
     tracer_cls: type[HFTracer] | None = None,
 ) -> torch.fx.GraphModule:
-    """Trace ``model`` into a GraphModule; see the module docstring. Raises ``TraceError``."""
+    """Trace ``model`` into a GraphModule; see the module docstring. Raises ``TraceError``, and ``TypeError`` for
+    arguments of the wrong kind."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"symbolic_trace traces a torch.nn.Module, not {type(model).__name__}")
+    if isinstance(input_names, str):  # list() of it would be its letters
+        raise TypeError(f"input_names is a sequence of names, not one string: [{input_names!r}]?")
     started = time.perf_counter()
     is_hf = _is_hf_model(model)
     leaf_modules = tuple(leaf_modules)

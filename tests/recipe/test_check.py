@@ -43,6 +43,7 @@ def test_a_decoder_is_reported_by_what_it_generates_not_by_input_dims():
     assert report.generation == {"prompt_lengths": [5, 11], "new_tokens": 32} and not report.dims  # precondition: a decoder
     assert "validated by generating 32 tokens after prompts of 5, 11 tokens" in report.summary()
     assert "dims" not in report.summary(), report.summary()
+    assert report.validation_shapes == [], "a decoder is validated by its generations alone"
     assert check_recipe(RECIPES_DIR / "bert.yaml").generation is None
 
 
@@ -141,6 +142,33 @@ def test_a_config_value_the_model_cannot_take_names_the_key(recipe, override, ex
 
 
 @pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model.config.vocab_size=0", r"^--set model.config.vocab_size: 0: a vocabulary holds at least one token$"),
+        ("model.config.bos_token_id=-1", r"^--set model.config.bos_token_id: -1 is outside the vocabulary \(vocab_size 30522: ids 0..30521\)$"),
+        # the file's bos_token_id, which the new vocabulary leaves outside, is named with its line
+        ("model.config.vocab_size=100", r"^.*gpt2.yaml:10: model.config.bos_token_id: 101 is outside the vocabulary \(vocab_size 100: ids 0..99\)$"),
+        # the tokenizer the build ships must fit the model's vocabulary as the build checks it
+        ("model.config.vocab_size=200", r"^.*gpt2.yaml:30: generation.tokenizer: its tokenizer has 30522 tokens, more than the model's vocab_size 200$"),
+    ],
+    ids=["empty", "negative-id", "id-in-file", "tokenizer"],
+)
+def test_a_vocabulary_that_leaves_out_a_token_is_refused(override, expected):
+    assert check_recipe(RECIPES_DIR / "gpt2.yaml").model_class == "GPT2LMHeadModel"  # precondition
+    with pytest.raises(RecipeError, match=expected) as caught:
+        check_recipe(RECIPES_DIR / "gpt2.yaml", overrides=[override])
+    assert caught.value.exit_code == 2
+
+
+def test_a_default_token_id_outside_a_small_vocabulary_stays_a_warning(write_recipe, no_weights):
+    text = (RECIPES_DIR / "gpt2.yaml").read_text()
+    text = text.replace("    vocab_size: 30522", "    vocab_size: 100").replace("    bos_token_id: 101", "").replace("    eos_token_id: 102", "")
+    text = text[:text.index("generation:")] + "generation:\n  cache: true\n"
+    assert "bos_token_id" not in text and transformers.GPT2Config().bos_token_id == 50256  # precondition: the default id
+    assert check_recipe(write_recipe(text)).model_class == "GPT2LMHeadModel"  # as transformers takes it: a tiny test model's
+
+
+@pytest.mark.parametrize(
     ("line", "expected"),
     [
         ("    hidden_size: abc\n", r"tiny.yaml:4: model.config.hidden_size: not a valid BertConfig: Field 'hidden_size' expected int"),
@@ -228,8 +256,11 @@ model:
         (["check", RECIPES_DIR / "bert.yaml", "--set", "model.config.hidden_size=abc"], "--set model.config.hidden_size: "),
         (["check", RECIPES_DIR / "gpt2.yaml", "--set", "model.config.n_positions=16"], "generation.prompt_lengths[0]: "),
         (["build", RECIPES_DIR / "resnet.yaml", "--set", "model.seed=99999999999999999999"], "--set model.seed: "),
+        # transformers warns of a token id outside the vocabulary as the config is made: not said beside aot's error
+        (["check", RECIPES_DIR / "gpt2.yaml", "--set", "model.config.vocab_size=100"], "model.config.bos_token_id: 101 is outside"),
+        (["build", RECIPES_DIR / "gpt2.yaml", "--set", "model.config.vocab_size=0"], "--set model.config.vocab_size: 0: "),
     ],
-    ids=["config-value", "generation-lengths", "seed"],
+    ids=["config-value", "generation-lengths", "seed", "token-id", "empty-vocabulary"],
 )
 def test_the_cli_exits_2_naming_the_key_and_writes_nothing(tmp_path, monkeypatch, command, expected):
     monkeypatch.chdir(tmp_path)  # a build's default output, out/NAME, would land here
@@ -237,4 +268,5 @@ def test_the_cli_exits_2_naming_the_key_and_writes_nothing(tmp_path, monkeypatch
     result = run_aot_here(*command, *(["-o", tmp_path / "out"] if command[0] == "build" else []))
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr and "internal error" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert list(tmp_path.iterdir()) == []

@@ -136,8 +136,11 @@ def test_a_malformed_override_is_one_line_naming_it(write_recipe, override, expe
 
 
 def test_one_string_is_not_taken_for_a_list_of_overrides(write_recipe):
-    with pytest.raises(TypeError):
+    assert load_recipe(write_recipe(), overrides=["model.seed=1"]).recipe.model.seed == 1  # precondition: a list is taken
+    with pytest.raises(TypeError, match="not one string"):
         load_recipe(write_recipe(), overrides="model.seed=1")
+    with pytest.raises(TypeError, match=r"not a mapping: \['model.seed=1'\]\?"):  # iterated, it would give its keys
+        load_recipe(write_recipe(), overrides={"model.seed": 1})
 
 
 def test_the_manifest_section_records_the_overrides_and_the_effective_recipe(write_recipe):

@@ -94,6 +94,15 @@ def test_bad_input_name_is_named(bert):
         symbolic_trace(model, ["input_ids", "foo"])
 
 
+def test_arguments_of_the_wrong_kind_are_a_type_error_saying_so(bert):
+    model, _, _ = bert
+    assert isinstance(symbolic_trace(model, ["input_ids"]), torch.fx.GraphModule)  # precondition: the names trace
+    with pytest.raises(TypeError, match=r"^symbolic_trace traces a torch.nn.Module, not str$"):
+        symbolic_trace("bert-base-uncased")
+    with pytest.raises(TypeError, match=r"^input_names is a sequence of names, not one string: \['input_ids'\]\?$"):
+        symbolic_trace(model, "input_ids")  # list() of it would be ['i', 'n', ...]
+
+
 def test_missing_dummy_input_is_named(bert):
     model, _, make_inputs = bert
     with pytest.raises(TraceError, match="no value for input 'token_type_ids'"):
