@@ -126,20 +126,54 @@ def check_tokenizer_fits(source: Located, tokenizer: Any, config: Any) -> None:
 
 def _write_processor(plan: DeploymentPlan, directory: Path, deployment: Deployment) -> None:
     """The recipe's ``model.image_processor``, else the pretrained directory's processor files; checked."""
-    settings = plan.image_processor
-    if settings is not None:
-        if not isinstance(settings.get("image_processor_type"), str):
-            raise plan.locator.error(("model", "image_processor"), "needs an `image_processor_type` (e.g. ConvNextImageProcessor)")
-        path = directory / PROCESSOR_FILE
-        path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
-        deployment.processor.append(path.name)
-    elif plan.pretrained is not None and (source := plan.pretrained / PROCESSOR_FILE).is_file():
-        (directory / PROCESSOR_FILE).write_bytes(source.read_bytes())
+    if _place_processor(plan, directory):
         deployment.processor.append(PROCESSOR_FILE)
     elif deployment.task == "vision":
         deployment.missing["processor"] = "the model is built from a config and the recipe names no model.image_processor"
     if deployment.processor and takes_pixels(plan):
-        check_shipped_processor(plan, directory)
+        check_shipped_processor(plan, directory, _processor_source(plan))
+
+
+def _place_processor(plan: DeploymentPlan, directory: Path) -> bool:
+    """Write the processor the build ships into ``directory`` (:data:`PROCESSOR_FILE`); whether it has one."""
+    settings = plan.image_processor
+    if settings is not None:
+        kind = settings.get("image_processor_type")
+        if not isinstance(kind, str):
+            raise plan.locator.error(("model", "image_processor"), "needs an `image_processor_type` (e.g. ConvNextImageProcessor)")
+        import transformers
+
+        if not isinstance(getattr(transformers, kind, None), type):  # transformers' own error lists every model type
+            raise plan.locator.error(("model", "image_processor", "image_processor_type"), f"transformers has no class '{kind}'")
+        (directory / PROCESSOR_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        return True
+    if plan.pretrained is not None and (source := plan.pretrained / PROCESSOR_FILE).is_file():
+        (directory / PROCESSOR_FILE).write_bytes(source.read_bytes())
+        return True
+    return False
+
+
+def check_deployment_files(plan: DeploymentPlan, config: Any) -> None:
+    """What :func:`write_deployment_files` checks of the tokenizer and image processor the build would ship, checked
+    without a build (``aot check``): the tokenizer fits the vocabulary of ``config``, and the processor, in a directory
+    of its own, turns an image into ``pixel_values`` the build takes."""
+    if plan.tokenizer is not None:
+        from aot.models import load_tokenizer
+
+        check_tokenizer_fits(plan.tokenizer, load_tokenizer(plan.tokenizer), config)
+    if takes_pixels(plan):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="aot-check-") as directory:
+            if _place_processor(plan, Path(directory)):
+                check_shipped_processor(plan, Path(directory), _processor_source(plan))
+
+
+def _processor_source(plan: DeploymentPlan) -> str:
+    """What a fault of the processor a build ships is about: the recipe's key, or the pretrained directory's file."""
+    if plan.image_processor is not None:
+        return f"{plan.locator.where('model', 'image_processor')}: model.image_processor"
+    return str(plan.pretrained / PROCESSOR_FILE)
 
 
 def load_image_processor(directory: Path) -> Any:
@@ -159,12 +193,14 @@ def probe_image() -> Any:
     return image
 
 
-def check_shipped_processor(plan: DeploymentPlan, directory: Path) -> None:
+def check_shipped_processor(plan: DeploymentPlan, directory: Path, source: str | None = None) -> None:
     """The shipped processor, loaded alone, turns an image into ``pixel_values`` of the shape the build takes.
 
     A processor that does not load is a recipe error naming ``model.image_processor`` (exit 2); one whose
-    pixels the artifacts cannot take is a validation failure (exit 5) naming both shapes.
+    pixels the artifacts cannot take is a validation failure (exit 5) naming both shapes and ``source``, where the
+    processor came from (by default ``directory``).
     """
+    source = source or str(directory)
     try:
         processor = load_image_processor(directory)
         pixels = processor(images=[probe_image()], return_tensors="pt")["pixel_values"]
@@ -172,12 +208,12 @@ def check_shipped_processor(plan: DeploymentPlan, directory: Path) -> None:
         reason = f"the shipped image processor does not run: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
         if plan.image_processor is not None:
             raise plan.locator.error(("model", "image_processor"), reason) from None
-        raise ValidationError(f"{directory}: {reason}") from None
+        raise ValidationError(f"{source}: {reason}") from None
     tensor = plan.pixel_values
     for axis, (wanted, size) in enumerate(zip(tensor.shape[1:], pixels.shape[1:]), 1):
         if not _admits(plan, wanted, int(size)):
             raise ValidationError(
-                f"{directory}: the shipped image processor gives pixel_values of shape {list(pixels.shape)}, "
+                f"{source}: the shipped image processor gives pixel_values of shape {list(pixels.shape)}, "
                 f"but the build takes {tensor.shape} (axis {axis}: {size})"
             )
     log.info("the shipped image processor gives pixel_values %s", list(pixels.shape))

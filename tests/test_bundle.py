@@ -25,7 +25,8 @@ def test_a_processor_whose_pixels_the_build_cannot_take_fails_validation(tmp_pat
     assert "size: {shortest_edge: 64}" in RESNET, "the precondition: the shipped recipe crops to its 64x64 input"
     result = cli("build", _recipe(tmp_path, RESNET.replace("size: {shortest_edge: 64}", "size: {shortest_edge: 48}")), "-o", tmp_path / "out")
     assert result.exit_code == 5, result.described
-    assert "the shipped image processor gives pixel_values of shape [1, 3, 48, 48], but the build takes ['batch', 3, 64, 64] (axis 2: 48)" in result.stderr
+    assert ("resnet.yaml:13: model.image_processor: the shipped image processor gives pixel_values of shape [1, 3, 48, 48], "
+            "but the build takes ['batch', 3, 64, 64] (axis 2: 48)") in result.stderr
     assert not (tmp_path / "out").exists()
 
 

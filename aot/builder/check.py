@@ -70,11 +70,10 @@ def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport
     from aot.model_blueprint import model_blueprint  # transformers: only once the recipe itself is sound
 
     blueprint = model_blueprint(plan.model)
-    if blueprint is not None and plan.deployment.tokenizer is not None:  # the build ships it: it must fit the model
-        from aot.bundle import check_tokenizer_fits
-        from aot.models import load_tokenizer
+    if blueprint is not None:  # the tokenizer and image processor the build ships, as the build checks them
+        from aot.bundle import check_deployment_files
 
-        check_tokenizer_fits(plan.deployment.tokenizer, load_tokenizer(plan.deployment.tokenizer), blueprint.config)
+        check_deployment_files(plan.deployment, blueprint.config)
     not_checked = ["numerical validation (needs the weights)"]
     if plan.model.spec.device != "cpu":
         not_checked.append(f"whether this machine has device '{plan.model.spec.device}'")

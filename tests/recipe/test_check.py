@@ -270,3 +270,26 @@ def test_the_cli_exits_2_naming_the_key_and_writes_nothing(tmp_path, monkeypatch
     assert expected in result.stderr and "internal error" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+RESNET_RECIPE = (RECIPES_DIR / "resnet.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("edit", "exit_code", "message"),
+    [
+        (("size: {shortest_edge: 64}", "size: {shortest_edge: 48}"), 5,
+         "tiny.yaml:13: model.image_processor: the shipped image processor gives pixel_values of shape [1, 3, 48, 48]"),
+        (("    image_processor_type: ConvNextImageProcessor\n", ""), 2, "tiny.yaml:13: model.image_processor: needs an `image_processor_type`"),
+        (("ConvNextImageProcessor", "NoSuchImageProcessor"), 2,
+         "tiny.yaml:14: model.image_processor.image_processor_type: transformers has no class 'NoSuchImageProcessor'"),
+    ],
+    ids=["pixels", "no-type", "unknown-type"],
+)
+def test_aot_check_finds_the_processor_faults_a_build_would(write_recipe, cli, edit, exit_code, message):
+    assert cli("check", write_recipe(RESNET_RECIPE)).exit_code == 0, "the precondition: the shipped recipe checks"
+    text = RESNET_RECIPE.replace(*edit)
+    assert text != RESNET_RECIPE
+    result = cli("check", write_recipe(text))
+    assert result.exit_code == exit_code and message in result.stderr, result.described
+    assert len(result.stderr.strip().splitlines()) == 1 and "aot-check-" not in result.stderr, result.stderr
