@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.recipe.load import load_recipe
-from aot.recipe.plan import GenerationPlan, ModelPlan, plan_build
+from aot.recipe.plan import BuildPlan, GenerationPlan, ModelPlan, plan_build
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport
         from aot.bundle import check_deployment_files
 
         check_deployment_files(plan.deployment, blueprint.config)
+    _check_prompt_files(plan)
     not_checked = ["numerical validation (needs the weights)"]
     if plan.model.spec.device != "cpu":
         not_checked.append(f"whether this machine has device '{plan.model.spec.device}'")
@@ -96,6 +97,16 @@ def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport
         not_checked=not_checked,
         generation=_generation(plan.validation.generation),
     )
+
+
+def _check_prompt_files(plan: BuildPlan) -> None:
+    """A decoder's fidelity prompts and calibration texts give the build at least one text of two tokens, as it needs."""
+    from aot.builder.prompts import calibration_prompts, fidelity_prompts
+
+    if plan.validation.fidelity is not None:
+        fidelity_prompts(plan.validation.fidelity)
+    if plan.passes.calibration is not None:
+        calibration_prompts(plan.passes.calibration)
 
 
 def _generation(plan: GenerationPlan | None) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from aot.builder.bisect import bisect, bisect_gate
 from aot.export.kinds import ArtifactKind, OpenOptions, artifact_kind, in_check_order
 from aot.gates.accuracy import AccuracyResult, Gate
 from aot.gates.compare import Comparison, check_artifact, raise_on_failure, run_module, untimed_stage
-from aot.inputs import ShapeCase, text_lines
+from aot.inputs import ShapeCase
 from aot.process.memory import release_freed_memory
 from aot.recipe.plan import FidelityPlan, GenerationPlan, ValidationPlan
 
@@ -132,13 +132,11 @@ def fidelity_reference(plan: FidelityPlan | None) -> Callable[[torch.nn.Module],
     """What takes the fidelity gate's eager reference from a causal LM (``generation.fidelity``); None without a gate."""
     if plan is None:
         return None
-    from aot.decoding.fidelity import FidelityReference, metric_thresholds, tokenized_prompts
-    from aot.models import load_tokenizer
+    from aot.builder.prompts import fidelity_prompts
+    from aot.decoding.fidelity import FidelityReference, metric_thresholds
 
     fidelity = plan.spec
-    prompts = tokenized_prompts(text_lines(plan.prompts_path)[: fidelity.max_prompts], load_tokenizer(plan.tokenizer), fidelity.max_prompt_tokens)
-    if not prompts:
-        raise plan.locator.error(("generation", "fidelity", "prompts"), "no prompt of two tokens or more")
+    prompts = fidelity_prompts(plan)
     thresholds = metric_thresholds(fidelity.model_dump())
     return lambda causal_lm: FidelityReference.take(causal_lm, prompts, fidelity.new_tokens, thresholds)
 

@@ -27,14 +27,15 @@ from aot.builder.report import BuildReport
 from aot.bundle import DEPLOYMENT_KEY, write_deployment_files
 from aot.cuda_graphs import cuda_graph_spec
 from aot.errors import ExportError
-from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases, text_lines
-from aot.models import load_model, load_tokenizer
+from aot.inputs import ShapeCase, check_input_names, dim_ranges, dynamic_axes, onnx_input_names, shape_cases
+from aot.models import load_model
 from aot.passes.base import CALIBRATION_KEY, FIDELITY_TARGET_KEY
 from aot.recipe.plan import BuildPlan, CalibrationPlan, DeploymentPlan, ExportPlan, InputsPlan, ModelPlan, PassesPlan, TracePlan, ValidationPlan
 from aot.recipe.schema import OnnxSpec
 from aot.gates.accuracy import make_gate
 from aot.builder.checks import ArtifactChecks, generation_reference, saved_graph_module_opener, validate_graph
 from aot.builder.onnx_stage import OnnxStage
+from aot.builder.prompts import calibration_prompts
 from aot.export.kinds import ArtifactKind, WriteContext, artifact_kinds, enabled_kinds
 from aot.gates.compare import eager_outputs, eager_runner, raise_on_failure, untimed_stage
 from aot.gates.eager_guard import check_after_each_pass
@@ -166,9 +167,7 @@ def transform(plan: PassesPlan, work: Work, report: BuildReport) -> None:
 def _calibration_inputs(plan: CalibrationPlan, step: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
     from aot.decoding.calibration import calibration_inputs
 
-    made = calibration_inputs(step, text_lines(plan.texts_path), load_tokenizer(plan.tokenizer), plan.spec.max_tokens, plan.spec.max_texts)
-    if not made:
-        raise plan.locator.error(("generation", "calibration", "texts"), "no text of two tokens or more")
+    made = calibration_inputs(step, calibration_prompts(plan))
     log.info("calibration: %d texts, %d tokens", len(made), sum(inputs[next(iter(inputs))].numel() for inputs in made))
     return made
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from .fidelity import tokenized_prompts
 from .greedy import prompt_position_ids
 
 
-def calibration_inputs(step, lines: list[str], tokenizer, max_tokens: int, max_texts: int | None) -> list[dict[str, torch.Tensor]]:
-    """``step``: the build's :class:`~aot.decoding.keyword_step.DecoderStep`; each of ``lines`` (the first ``max_texts``)
-    tokenised and cut to ``max_tokens``, as the step's inputs."""
+def calibration_inputs(step, prompts: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """``step``: the build's :class:`~aot.decoding.keyword_step.DecoderStep`; ``prompts``: the texts' ids, (1, T) each
+    (:func:`~aot.decoding.fidelity.tokenized_prompts`), as the step's inputs."""
     layout = step.decoder.past_layout
     made = []
-    for ids in tokenized_prompts(lines[:max_texts], tokenizer, max_tokens):
+    for ids in prompts:
         mask = torch.ones_like(ids)
         leading = [ids, mask, prompt_position_ids(mask)] if layout.takes_position_ids else [ids, mask]
         made.append(dict(zip(step.input_names, [*leading, *layout.empty(1)])))

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from aot.builder.prompts import calibration_prompts
 from aot.decoding.calibration import calibration_inputs
+from aot.decoding.fidelity import tokenized_prompts
 from aot.decoding.keyword_step import DecoderStep
 from aot.models import load_tokenizer
 from aot.recipe.load import load_recipe
@@ -40,7 +42,7 @@ def test_texts_become_prefills_with_an_empty_past_under_the_steps_input_names(gp
     tokenizer = load_tokenizer(load_recipe(gptq_recipe).tokenizer)
     lines = ["The train was late again.", "a", "Preheat the oven before you put the bread in, then wait."]
 
-    made = calibration_inputs(step, lines, tokenizer, max_tokens=9, max_texts=None)
+    made = calibration_inputs(step, tokenized_prompts(lines, tokenizer, max_tokens=9))
 
     assert len(made) == 2, "a text under two tokens is left out"
     for inputs, line in zip(made, (lines[0], lines[2])):
@@ -52,7 +54,24 @@ def test_texts_become_prefills_with_an_empty_past_under_the_steps_input_names(gp
         pasts = [tensor for name, tensor in inputs.items() if name.startswith("past_key_values")]
         assert len(pasts) == 2 * len(flat.past_layout.heads_and_dims) and all(past.shape[2] == 0 for past in pasts)
     assert made[1]["input_ids"].shape[1] == 9, "cut to max_tokens"
-    assert len(calibration_inputs(step, lines, tokenizer, max_tokens=9, max_texts=1)) == 1
+
+
+def test_the_recipes_texts_are_cut_to_its_limits(gptq_recipe):
+    plan = plan_build(load_recipe(gptq_recipe, overrides=["generation.calibration.max_tokens=9"])).passes.calibration
+    assert (plan.spec.max_texts, plan.spec.max_tokens) == (48, 9) and len((RECIPES / "data" / "sentences.txt").read_text().splitlines()) > 48  # precondition
+    prompts = calibration_prompts(plan)
+    assert len(prompts) == 48 and max(ids.shape[1] for ids in prompts) == plan.spec.max_tokens
+
+
+@pytest.mark.parametrize("key", ["generation.calibration.texts", "generation.fidelity.prompts"])
+def test_aot_check_refuses_texts_too_short_to_use_as_the_build_would(gptq_recipe, cli, key):
+    assert cli("check", gptq_recipe).exit_code == 0  # precondition
+    (gptq_recipe.parent / "data" / "short.txt").write_text("a\nb\n")  # one token each: nothing to predict
+    for command in ("check", "build"):
+        result = cli(command, gptq_recipe, "--set", f"{key}=data/short.txt", "-o" if command == "build" else "--json",
+                     *([gptq_recipe.parent / "out"] if command == "build" else []))
+        assert result.exit_code == 2 and f"--set {key}: no " in result.stderr and "two tokens or more" in result.stderr, result.described
+    assert not (gptq_recipe.parent / "out").exists()
 
 
 @pytest.mark.parametrize("edit, key, message", [
