@@ -74,7 +74,7 @@ def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport
         from aot.bundle import check_deployment_files
 
         check_deployment_files(plan.deployment, blueprint.config)
-    _check_prompt_files(plan)
+    _check_data_files(plan)
     not_checked = ["numerical validation (needs the weights)"]
     if plan.model.spec.device != "cpu":
         not_checked.append(f"whether this machine has device '{plan.model.spec.device}'")
@@ -99,10 +99,14 @@ def check_recipe(path: str | Path, overrides: Sequence[str] = ()) -> CheckReport
     )
 
 
-def _check_prompt_files(plan: BuildPlan) -> None:
-    """A decoder's fidelity prompts and calibration texts give the build at least one text of two tokens, as it needs."""
+def _check_data_files(plan: BuildPlan) -> None:
+    """The data the build reads beside the model, read as the build reads it: the accuracy gate's data set (its fields,
+    tensors and examples, through the tokenizer), and a decoder's fidelity prompts and calibration texts (at least
+    one text of two tokens each)."""
     from aot.builder.prompts import calibration_prompts, fidelity_prompts
+    from aot.gates.accuracy import accuracy_data
 
+    accuracy_data(plan.validation.gate, None)
     if plan.validation.fidelity is not None:
         fidelity_prompts(plan.validation.fidelity)
     if plan.passes.calibration is not None:

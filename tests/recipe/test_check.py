@@ -293,3 +293,20 @@ def test_aot_check_finds_the_processor_faults_a_build_would(write_recipe, cli, e
     result = cli("check", write_recipe(text))
     assert result.exit_code == exit_code and message in result.stderr, result.described
     assert len(result.stderr.strip().splitlines()) == 1 and "aot-check-" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ('{"text": "a b"}\n{"sentence": "c"}\n', r"bad.jsonl:2: no 'text' field$"),
+        ("one sentence\n", r"an accuracy data set needs at least two examples$"),
+    ],
+    ids=["field", "one-example"],
+)
+def test_the_accuracy_gates_data_is_read_as_the_build_reads_it(tmp_path, lines, expected):
+    assert check_recipe(RECIPES_DIR / "minilm_int8.yaml").model_class == "BertModel"  # precondition: the gate's data reads
+    data = tmp_path / ("bad.jsonl" if "{" in lines else "bad.txt")
+    data.write_text(lines)
+    with pytest.raises(RecipeError, match=r"^--set validate.accuracy.data: .*" + expected) as caught:
+        check_recipe(RECIPES_DIR / "minilm_int8.yaml", overrides=[f"validate.accuracy.data={data}"])
+    assert caught.value.exit_code == 2
