@@ -248,7 +248,7 @@ def _with_cache_store(debug: bool, url: str, cache_options: tuple[str, ...], act
         from aot.errors import RecipeError
 
         try:
-            return action(CacheStore.open(url, storage_options(cache_options)))
+            return action(CacheStore.open(url, storage_options(cache_options), create=False))
         except CacheUnavailable as error:
             raise RecipeError(str(error)) from None
 

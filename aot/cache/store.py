@@ -97,8 +97,11 @@ class CacheStore:
         self._whole_objects = bool(protocols & _WHOLE_OBJECT_PROTOCOLS)
 
     @classmethod
-    def open(cls, url: str | Path, options: Mapping[str, Any] | None = None, chunk_bytes: int = CHUNK_BYTES) -> CacheStore:
-        """The store at ``url``, created where it is missing; CacheUnavailable when it cannot be reached or made."""
+    def open(cls, url: str | Path, options: Mapping[str, Any] | None = None, chunk_bytes: int = CHUNK_BYTES, *,
+             create: bool = True) -> CacheStore:
+        """The store at ``url``, created where it is missing (unless ``create`` is false: ``aot cache ls``/``prune``
+        read a cache, and a mistyped path must not become one); CacheUnavailable when it cannot be reached or made,
+        or is no cache."""
         import fsspec
 
         url = str(url)
@@ -107,9 +110,23 @@ class CacheStore:
         except Exception as error:  # an unknown protocol (ValueError), a backend not installed (ImportError), bad options
             raise CacheUnavailable(f"{url}: {type(error).__name__}: {first_line(error)}") from None
         store = cls(fs, root, url, chunk_bytes)
-        with store._reaching("cannot open the cache"):
-            fs.makedirs(store.root, exist_ok=True)  # also the first request: an unreachable store says so here
+        with store._reaching("cannot open the cache"):  # also the first request: an unreachable store says so here
+            if fs.isfile(store.root):
+                raise CacheUnavailable(f"{url}: a file, not a build cache directory")
+            if create:
+                fs.makedirs(store.root, exist_ok=True)
+            else:
+                store._require_cache()
         return store
+
+    def _require_cache(self) -> None:
+        """The root holds a cache: a directory with its ``entries``/``blobs``, or nothing yet."""
+        if not self.fs.exists(self.root):
+            raise CacheUnavailable(f"{self.url}: no build cache there (nothing at that path)")
+        cache_parts = {f"{self.root}/{ENTRIES}", f"{self.root}/{BLOBS}"}
+        held = {path.rstrip("/") for path in self.fs.ls(self.root, detail=False)}
+        if held and not held & cache_parts:
+            raise CacheUnavailable(f"{self.url}: holds no build cache (no {ENTRIES}/ or {BLOBS}/ in it)")
 
     # -- paths
 

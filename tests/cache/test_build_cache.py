@@ -114,5 +114,24 @@ def test_cache_ls_lists_entries_and_an_unreachable_url_is_exit_2(cli, tmp_path):
     a_file.write_text("")
     unreachable = cli("cache", "ls", a_file / "cache")
     assert unreachable.exit_code == 2, unreachable.described
-    assert unreachable.stderr == f"aot: error: {a_file}/cache: cannot open the cache: NotADirectoryError: [Errno 20] Not a directory: '{a_file}/cache'\n"
+    assert unreachable.stderr == f"aot: error: {a_file}/cache: no build cache there (nothing at that path)\n"
     assert a_file.read_text() == ""
+
+
+def test_cache_ls_and_prune_read_a_cache_and_make_none(cli, tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert cli("cache", "ls", tmp_path / "empty").stdout == f"no entries in {tmp_path / 'empty'}\n"  # precondition: a cache yet to fill
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_build").mkdir()
+    (tmp_path / "a_build" / "manifest.json").write_text("{}")
+    cases = {
+        tmp_path / "typo" / "cache": "no build cache there (nothing at that path)",
+        tmp_path / "a_file": "a file, not a build cache directory",
+        tmp_path / "a_build": "holds no build cache (no entries/ or blobs/ in it)",
+    }
+    before = sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*"))
+    for url, message in cases.items():
+        for command in (["ls"], ["prune", "--keep", "0"]):
+            result = cli("cache", *command, url)
+            assert result.exit_code == 2 and result.stderr == f"aot: error: {url}: {message}\n", result.described
+    assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == before, "nothing made, nothing removed"
