@@ -65,3 +65,15 @@ def test_every_import_line_of_the_python_api_page_runs_in_a_fresh_interpreter():
     for line in imports:  # one interpreter each: an import must not lean on one made before it
         completed = _fresh(line.split("#")[0])
         assert completed.returncode == 0, f"{line}: {completed.stderr[-2000:]}"
+
+
+def test_the_api_pages_tracing_example_runs_as_written():
+    """The page's second example traces and rewrites a model it makes itself: run verbatim, it must work (the first
+    builds BERT-base; its names are held by the import tests above)."""
+    blocks = re.findall(r"```python\n(.*?)```", API_PAGE.read_text(encoding="utf-8"), re.DOTALL)
+    assert len(blocks) == 2 and "symbolic_trace(" in blocks[1], "precondition: the tracing example is the page's second block"
+    names: dict = {}
+    exec(compile(blocks[1], f"{API_PAGE}:tracing example", "exec"), names)
+    import torch.fx
+
+    assert isinstance(names["optimised"], torch.fx.GraphModule) and names["optimised"] is not names["bert"]

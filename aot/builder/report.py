@@ -29,7 +29,9 @@ class BuildReport:
     onnx_lowering: list[dict[str, Any]] = field(default_factory=list)  # what the ONNX unit's lowering passes did, in order
     generation: list[GenerationCheck] = field(default_factory=list)
     deployment: Deployment | None = None
-    written: dict[str, Any] = field(default_factory=dict)  # {artifact kind: what its writer returned}
+    # {artifact kind's manifest key: its manifest section}, made as the kind was written: what its writer returned
+    # names files in the staging directory, which is gone once the build is in place.
+    artifact_sections: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -39,8 +39,12 @@ SPINE = (
 decides from what each declares it reads and writes, and stops a build that runs them in another order."""
 
 
-def default_output(plan: BuildPlan) -> Path:
-    return plan.output if plan.output is not None else Path("out") / plan.name
+def default_output(recipe: str | Path | LoadedRecipe | BuildPlan) -> Path:
+    """Where :func:`build` writes ``recipe`` (a path, a loaded recipe or its plan) when given no output: the recipe's
+    ``output``, else ``out/NAME``."""
+    if not isinstance(recipe, BuildPlan):
+        recipe = plan_build(recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe))
+    return recipe.output if recipe.output is not None else Path("out") / recipe.name
 
 
 def build(

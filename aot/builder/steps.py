@@ -218,7 +218,9 @@ def graph_module_passes(plan: ExportPlan, work: Work, report: BuildReport) -> No
 def write_artifact(kind: ArtifactKind, work: Work, report: BuildReport) -> None:
     """One artifact kind's files, written into the staging directory by the kind's own writer."""
     graph = work.kind_graphs.get(kind.name, work.graph)  # a graph lowered for this kind alone, where it has one
-    report.written[kind.name] = kind.write(graph, WriteContext(work.staging, work.cases[0].inputs, work.axes, work.ranges))
+    written = kind.write(graph, WriteContext(work.staging, work.cases[0].inputs, work.axes, work.ranges))
+    if kind.manifest_key:
+        report.artifact_sections[kind.manifest_key] = kind.manifest_section(written)
 
 
 # The export holds what it reads from its start: its child's view of the graph, or in process the graph it took.
@@ -281,7 +283,7 @@ def manifest(plan: BuildPlan, report: BuildReport, deployment_notes: dict[str, s
         "accuracy": [a.to_json() for a in report.accuracy],
         "generation": [g.to_json() for g in report.generation],
         DEPLOYMENT_KEY: deployment,
-        **{kind.manifest_key: kind.manifest_section(report.written.get(kind.name)) for kind in artifact_kinds() if kind.manifest_key},
+        **{kind.manifest_key: report.artifact_sections.get(kind.manifest_key) for kind in artifact_kinds() if kind.manifest_key},
         "artifacts": report.files,
         # Everything that varies from run to run lives under "run", so the rest of the manifest is reproducible.
         "run": {
