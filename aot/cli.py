@@ -144,8 +144,9 @@ def _with_progress(debug: bool, action: Callable[[_StderrProgress], Any]) -> Any
 def main(context: click.Context, debug: bool, verbose: bool) -> None:
     """aot: ahead-of-time build tool for PyTorch and Hugging Face models."""
     context.obj = {"debug": debug}
-    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    if verbose and not debug:  # aot's own stages; the libraries' INFO records (onnxscript's optimizer...) are --debug's
+        logging.getLogger("aot").setLevel(logging.INFO)
 
 
 _SET = click.option(

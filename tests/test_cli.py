@@ -158,3 +158,14 @@ def test_passes_page_documents_every_registered_pass():
     assert names
     missing = [name for name in names if f"\n## {name}\n" not in page]
     assert not missing, f"docs/passes.md lacks {missing}: run python scripts/passes_page.py"
+
+
+@pytest.mark.artifact
+def test_verbose_logs_aots_stages_and_leaves_the_libraries_info_to_debug(write_recipe, tmp_path):
+    from tests.conftest import run_aot
+
+    result = run_aot("-v", "build", write_recipe(), "-o", tmp_path / "out")  # a fresh process: logging as a user gets it
+    assert result.returncode == 0, result.stderr
+    records = [line.split(":", 1)[0].split() for line in result.stderr.splitlines() if line.startswith(("INFO ", "DEBUG "))]
+    assert ["INFO", "aot.builder.stages"] in records, result.stderr  # precondition: -v logs the stages
+    assert all(name.startswith("aot.") and level == "INFO" for level, name in records), result.stderr
