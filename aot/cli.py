@@ -758,6 +758,8 @@ def _pass_json(info: Any) -> dict[str, Any]:
         "name": info.name,
         "class": info.cls.__name__,
         "frontends": sorted(info.frontends),
+        "reversible": info.reversible,
+        "preserves_computation": info.preserves_computation,  # false: a recipe needs a gate beside it
         "summary": info.summary,
         "doc": info.doc,
         "options": info.options.model_json_schema(),

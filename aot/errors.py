@@ -64,16 +64,31 @@ class IntegrityError(AotError):
     kind = "integrity"
 
 
+# What each exit status means; README.md's table says the same (tests/test_docs.py holds them equal).
 EXIT_CODES = {
     0: "success",
-    1: "internal error (a bug in aot: please report it with the traceback from --debug)",
-    RecipeError.exit_code: "bad recipe or usage",
+    1: "internal error (a bug in aot; `--debug` shows the traceback)",
+    RecipeError.exit_code: (
+        "bad recipe or usage: malformed or oversized YAML, unknown key, wrong type, value out of range, "
+        "unknown pass, missing or unreadable file, unknown input, a factory that raises, an output directory "
+        "aot may not replace or cannot write"
+    ),
     TraceError.exit_code: "trace failure",
     PassError.exit_code: "pass failure",
-    ValidationError.exit_code: "validation failure",
-    ExportError.exit_code: "export failure",
-    IntegrityError.exit_code: "artifact integrity failure (hash mismatch or missing file)",
-    130: "interrupted (SIGINT, Ctrl-C)",
+    ValidationError.exit_code: "validation failure: an artifact differs from eager beyond the recipe's tolerances",
+    ExportError.exit_code: (
+        "export failure (a full disk included; an AOTInductor package whose process died loading or "
+        "running it)"
+    ),
+    IntegrityError.exit_code: (
+        "artifact integrity failure: a file differs from the manifest's sha256, is missing, is a link, lies "
+        "outside the directory or is not listed; a manifest that is not an aot manifest or not the "
+        "`--expect-sha256` one; code from a directory this machine did not build, with neither "
+        "`--expect-sha256`, a verified `--public-key` nor `--trust-code`; a signature that does not verify "
+        "(another key, a file changed since signing) or provenance of another manifest; `aot validate --recipe` "
+        "naming a recipe other than the one built"
+    ),
+    130: "interrupted (Ctrl-C, SIGINT)",
     143: "terminated (SIGTERM)",
 }
 

@@ -129,6 +129,24 @@ def test_passes_lists_every_registered_pass(cli):
         assert name in result.stdout
 
 
+def test_passes_json_says_which_passes_need_a_gate(cli):
+    from aot.passes import registry
+
+    listed = {item["name"]: item for item in json.loads(cli("passes", "--json").stdout)}
+    infos = registry.all_passes()
+    assert any(not info.preserves_computation for info in infos) and any(info.reversible for info in infos)  # precondition
+    assert {name: (item["reversible"], item["preserves_computation"]) for name, item in listed.items()} == {
+        info.name: (info.reversible, info.preserves_computation) for info in infos}
+
+
+def test_no_option_type_names_a_private_class():
+    from aot.passes import registry
+
+    types = [option.type for info in registry.all_passes() for option in info.option_docs]
+    assert "dict[str, {bits: Literal[4, 8], group_size: Optional[Literal[32, 64, 128, 256]]}]" in types  # precondition
+    assert not [text for text in types if "aot." in text or "._" in text]
+
+
 def test_passes_lists_the_onnx_lowering_in_the_order_it_runs(cli):
     from aot.export.onnx_lowering import ONNX_LOWERING
 

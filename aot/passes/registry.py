@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import typing
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -79,7 +80,13 @@ class OptionDoc:
 
 
 def _type_text(annotation: Any) -> str:
-    """``bool``, ``list[str]``, ``Literal['a', 'b']``: a class by its name, anything else as typing prints it."""
+    """``bool``, ``list[str]``, ``Literal['a', 'b']``: a class by its name, anything else as typing prints it; an options
+    model as the mapping a recipe writes (``{bits: Literal[4, 8], ...}``), not as a private class's dotted path."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "{" + ", ".join(f"{name}: {_type_text(field.annotation)}" for name, field in annotation.model_fields.items()) + "}"
+    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (list, dict, tuple) and any(isinstance(argument, type) and issubclass(argument, BaseModel) for argument in arguments):
+        return f"{origin.__name__}[{', '.join(_type_text(argument) for argument in arguments)}]"
     plain = isinstance(annotation, type) and not getattr(annotation, "__args__", None)
     return annotation.__name__ if plain else str(annotation).replace("typing.", "")
 
