@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "bool"]
 
@@ -255,7 +255,18 @@ class ValidateSpec(_Strict):
     )
 
 
-PassList = list[str | dict[str, dict[str, Any] | None]]
+def _pass_entry(item: Any) -> Any:
+    """One ``passes`` entry's form, said in the recipe's terms (pydantic would say which union member it failed)."""
+    if isinstance(item, dict):
+        for name, options in item.items():
+            if options is not None and not isinstance(options, dict):
+                raise ValueError(f"the options of '{name}' are a mapping {{option: value}}, not {type(options).__name__} {options!r}")
+    elif not isinstance(item, str):
+        raise ValueError("a pass is a name or a one-key mapping {name: {option: value}}")
+    return item
+
+
+PassList = list[Annotated[str | dict[str, dict[str, Any] | None], BeforeValidator(_pass_entry)]]
 
 
 class _Toggle(_Strict):

@@ -72,6 +72,21 @@ def test_pass_on_unsupported_frontend_is_rejected_at_load(write_recipe):
         load_recipe(write_recipe(text))
 
 
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("  - merge_linears: [1, 2]", r"passes\[0\]: the options of 'merge_linears' are a mapping \{option: value\}, not list \[1, 2\]$"),
+        ("  - merge_linears: 'yes'", r"passes\[0\]: the options of 'merge_linears' are a mapping \{option: value\}, not str 'yes'$"),
+        ("  - [merge_linears]", r"passes\[0\]: a pass is a name or a one-key mapping \{name: \{option: value\}\} \(got \['merge_linears'\]\)$"),
+    ],
+    ids=["list", "string", "list-entry"],
+)
+def test_a_pass_entry_of_the_wrong_form_is_said_in_the_recipes_terms(write_recipe, entry, expected):
+    assert "  - merge_linears\n" in TINY_BERT and load_recipe(write_recipe()).passes  # precondition: a pass by its name
+    with pytest.raises(RecipeError, match=expected):
+        load_recipe(write_recipe(TINY_BERT.replace("  - merge_linears\n", entry + "\n", 1)))
+
+
 def test_published_schema_is_current():
     from pathlib import Path
 
