@@ -26,7 +26,7 @@ from aot.recipe.locator import Located, RecipeLocator
 from aot.recipe.overrides import apply_overrides
 from aot.recipe.ranges import check_cuda_graph_buckets, check_position_limit, check_validation_shapes, recipe_sequence_demands
 from aot.recipe.reader import Location, parse_recipe_yaml, read_recipe_text
-from aot.recipe.schema import FidelitySpec, PassSpec, Recipe
+from aot.recipe.schema import FidelitySpec, PassSpec, Recipe, ToggleSection
 
 
 def recipe_sha256(text: str) -> str:
@@ -469,7 +469,49 @@ def recipe_json_schema() -> dict[str, Any]:
     schema = Recipe.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "aot recipe"
+    _describe_passes(schema)
+    _toggles_take_a_boolean(schema)
     return schema
+
+
+def _toggles_take_a_boolean(schema: dict[str, Any]) -> None:
+    """An artifact section may be a bare ``true``/``false`` (``ToggleSection``'s shorthand for ``enabled``), which pydantic's
+    schema of the section's model does not say."""
+    toggles = {f"#/$defs/{model.__name__}" for model in _subclasses(ToggleSection)}
+    for definition in schema.get("$defs", {}).values():
+        for name, value in definition.get("properties", {}).items():
+            if value.get("$ref") in toggles:
+                reference = {"$ref": value.pop("$ref")}
+                value["anyOf"] = [reference, {"type": "boolean", "description": "`enabled` alone"}]
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
+def _describe_passes(schema: dict[str, Any]) -> None:
+    """Every ``passes`` list of ``schema`` takes the registry's passes by name, each with its own options' schema, so an
+    editor completes and checks them (pydantic's schema of :data:`~aot.recipe.schema.PassList` knows no pass)."""
+    from aot.passes import registry
+
+    definitions = schema.setdefault("$defs", {})
+    by_name = {}
+    for info in sorted(registry.all_passes(), key=lambda info: info.name):
+        options = info.options.model_json_schema()
+        for name, definition in options.pop("$defs", {}).items():  # nested models (a grid): referred to from the root
+            if definitions.setdefault(name, definition) != definition:
+                raise ValueError(f"pass '{info.name}': its option model {name} differs from another of that name")
+        options["title"] = f"{info.name} options"
+        by_name[info.name] = {"anyOf": [options, {"type": "null"}], "description": info.summary}
+    definitions["Pass"] = {
+        "description": "A registered pass (`aot passes` lists them): its name, or a one-key mapping {name: {option: value}}.",
+        "anyOf": [
+            {"type": "string", "enum": list(by_name)},
+            {"type": "object", "properties": by_name, "additionalProperties": False, "minProperties": 1, "maxProperties": 1},
+        ],
+    }
+    for holder in (schema, definitions["GraphModuleSpec"]):
+        holder["properties"]["passes"]["items"] = {"$ref": "#/$defs/Pass"}
 
 
 def recipe_json_schema_text() -> str:

@@ -269,7 +269,7 @@ def _pass_entry(item: Any) -> Any:
 PassList = list[Annotated[str | dict[str, dict[str, Any] | None], BeforeValidator(_pass_entry)]]
 
 
-class _Toggle(_Strict):
+class ToggleSection(_Strict):
     """An artifact section that also accepts a bare `true` / `false` for `enabled`."""
 
     @model_validator(mode="before")
@@ -278,7 +278,7 @@ class _Toggle(_Strict):
         return {"enabled": value} if isinstance(value, bool) else value
 
 
-class GraphModuleSpec(_Toggle):
+class GraphModuleSpec(ToggleSection):
     """The saved GraphModule artifact."""
 
     enabled: bool = Field(True, description="Write graph_module/ (code + safetensors + meta).")
@@ -297,7 +297,7 @@ class GraphModuleSpec(_Toggle):
     )
 
 
-class OnnxSpec(_Toggle):
+class OnnxSpec(ToggleSection):
     """The ONNX artifact."""
 
     enabled: bool = Field(True, description="Write model.onnx.")
@@ -353,7 +353,7 @@ class OnnxSpec(_Toggle):
         return self.precision == "float16" or (self.precision == "auto" and self.target == "cuda")
 
 
-class AotiSpec(_Toggle):
+class AotiSpec(ToggleSection):
     """The AOTInductor package, an optional third artifact."""
 
     enabled: bool = Field(

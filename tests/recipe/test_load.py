@@ -87,6 +87,22 @@ def test_a_pass_entry_of_the_wrong_form_is_said_in_the_recipes_terms(write_recip
         load_recipe(write_recipe(TINY_BERT.replace("  - merge_linears\n", entry + "\n", 1)))
 
 
+def test_every_shipped_recipe_meets_the_published_schema_and_a_misspelt_pass_does_not():
+    import jsonschema
+    import yaml
+
+    validator = jsonschema.Draft202012Validator(json.loads(recipe_json_schema_text()))
+    recipes = sorted((Path(__file__).parents[2] / "recipes").rglob("*.yaml"))
+    assert len(recipes) >= 20, "precondition: the shipped recipes"
+    for path in recipes:
+        errors = [error.message for error in validator.iter_errors(yaml.safe_load(path.read_text()))]
+        assert not errors, (path, errors)
+    recipe = yaml.safe_load(TINY_BERT)
+    for wrong in ("merge_linear", {"merge_linears": {"min_group_size": "three"}}, {"merge_linears": {}, "remove_dropout": {}}):
+        recipe["passes"] = [wrong]
+        assert list(validator.iter_errors(recipe)), wrong
+
+
 def test_published_schema_is_current():
     from pathlib import Path
 
