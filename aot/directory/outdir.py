@@ -130,9 +130,12 @@ def _files_not_written_by_aot(directory: Path) -> str | None:
         listed = set(manifest["artifacts"]) | {MANIFEST_NAME, *RELEASE_FILE_NAMES}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return f"{MANIFEST_NAME} is not an aot manifest"
+    # A directory is the build's when a listed file lies under it; any other (an empty one someone made) is not aot's to delete.
+    folders = {parent.as_posix() for name in listed for parent in Path(name).parents if parent != Path(".")}
     for entry in sorted(directory.rglob("*")):
         relative = entry.relative_to(directory).as_posix()
-        if entry.is_symlink() or (entry.is_file() and relative not in listed) or not (entry.is_file() or entry.is_dir()):
+        theirs = entry.is_file() and relative not in listed or entry.is_dir() and relative not in folders
+        if entry.is_symlink() or theirs or not (entry.is_file() or entry.is_dir()):
             return f"holds '{relative}', which its {MANIFEST_NAME} does not list"
     return None
 

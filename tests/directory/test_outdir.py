@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from aot.errors import RecipeError
 from tests.conftest import TINY_BERT, run_aot
 
 
@@ -66,6 +67,18 @@ def test_a_file_of_the_users_inside_an_earlier_build_is_not_deleted(copy_build, 
 
 
 @pytest.mark.artifact
+@pytest.mark.artifact
+@pytest.mark.parametrize("folder", ["extra_dir", "graph_module/sub"])
+def test_an_empty_folder_of_the_users_inside_an_earlier_build_is_not_deleted(copy_build, folder):
+    from aot.directory.outdir import check_replaceable
+
+    build = copy_build()
+    check_replaceable(build)  # precondition: the build as written may be replaced, its own folders and all
+    (build / folder).mkdir()
+    with pytest.raises(RecipeError, match=f"holds '{folder}', which its manifest.json does not list"):
+        check_replaceable(build)
+
+
 def test_a_directory_with_a_foreign_manifest_is_refused(tmp_path):
     target = tmp_path / "target"
     target.mkdir()
