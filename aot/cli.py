@@ -402,29 +402,47 @@ def validate(context: click.Context, directory: str, recipe: str | None, expect_
 
 
 def _parse_grid(values: tuple[str, ...]) -> dict[str, list[int]]:
-    grid = {}
+    """``-s DIM=SIZE[,SIZE...]``, each dim once: the grid is the product of the dims' sizes."""
+    grid: dict[str, list[int]] = {}
     for value in values:
-        name, _, sizes = value.partition("=")
+        name, _, sizes = (part.strip() for part in value.partition("="))
         try:
-            grid[name.strip()] = [int(size) for size in sizes.split(",")]
+            if not name:
+                raise ValueError(value)
+            parsed = [int(size) for size in sizes.split(",")]
         except ValueError:
             raise click.BadParameter(f"'{value}' is not DIM=SIZE[,SIZE...]", param_hint="--shape") from None
+        if name in grid:
+            first = ",".join(map(str, grid[name]))
+            raise click.BadParameter(f"dim '{name}' given twice ({name}={first} and {name}={sizes}): give each dim once, with "
+                                     f"all its sizes (-s {name}={first},{sizes})", param_hint="--shape")
+        grid[name] = parsed
     return grid
+
+
+def _peers_help() -> str:
+    from aot.bench.peer_groups import peers_help  # names only: no torch for the command line's help
+
+    return peers_help()
 
 
 @main.command(name="bench")
 @click.argument("target", type=click.Path(exists=True, path_type=str))
-@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str), help="Where to build when TARGET is a recipe.")
-@click.option("-s", "--shape", "shapes", multiple=True, help="Grid dim, e.g. -s batch=1,8 -s sequence=128 (product).")
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str), help="Where to build when TARGET is a recipe (a build directory refuses it).")
+@click.option("-s", "--shape", "shapes", multiple=True,
+              help="Grid dim, e.g. -s batch=1,8 -s sequence=128: each dim once, with all its sizes; the grid is their product. "
+              "Sizes must lie within what the build was checked for (its dims' ranges; a decoder's prompt and new tokens within its positions).")
 @click.option("--runs", type=click.IntRange(min=1), default=30, show_default=True, help="Timed rounds per shape.")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed calls per runner first.")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads for torch and ONNX Runtime (default: torch's).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
-@click.option("--chart", type=click.Path(dir_okay=False, path_type=str), help="Also draw the speedups as a PNG chart.")
-@click.option("--peers", default="", help="Also time peer baselines: 'onnx' (four ONNX Runtime variants), 'int8' (ONNX Runtime's and torch.ao's dynamic int8 quantisation), 'all' (both, + torch.compile freezing); for a CUDA build 'cuda' (eager float16 and float32, the GraphModule without its CUDA graph buckets, torch.compile with and without CUDA graphs); peers' names, or a comma list of these.")
+@click.option("--chart", type=click.Path(dir_okay=False, path_type=str),
+              help="Also draw the paired speedups as a chart, in the format its extension names (PNG without one), after the "
+              "results are printed; needs matplotlib: pip install 'aot[chart]'.")
+@click.option("--peers", default="", help=_peers_help())
 @click.option("--gap-ms", type=click.FloatRange(min=0), default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")
 @click.option("--in-process", is_flag=True, help="Keep every runner in this one process (distorted figures, no memory; labelled so).")
-@click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True, help="A decoder build: tokens each timed generation makes (its dims: -s batch=1,2 -s prompt=32,128).")
+@click.option("--new-tokens", type=click.IntRange(min=1), help="A decoder build only: tokens each timed generation makes (default: 32; its dims: -s batch=1,2 -s prompt=32,128).")
 @click.option("--recipe", type=click.Path(dir_okay=False, path_type=str),
               help="Recipe to rebuild the eager model from (default: the one the manifest names while it is still the recipe built, else the build's copy).")
 @_EXPECT_SHA256
@@ -438,42 +456,51 @@ def bench_command(context, target, output, shapes, runs, warmup, threads, no_mem
     """Time eager and every artifact the build wrote (the saved GraphModule, ONNX Runtime, a compiled package), each in its own process, on TARGET (a build directory or a recipe)."""
     from pathlib import Path
 
-    from aot.bench.peers import peer_names
+    from aot.bench.peer_groups import peer_items
 
     grid = _parse_grid(shapes)
     try:
-        wanted = peer_names(peers)
+        wanted = peer_items(peers)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--peers") from error
 
     def run(progress: _StderrProgress) -> Any:
         from aot.bench import bench
+        from aot.errors import RecipeError
 
+        is_recipe = Path(target).is_file()
+        if output is not None and not is_recipe:
+            raise RecipeError(f"-o {output}: it says where to build a recipe, and {target} is a build directory already")
+        if chart:
+            from aot.bench.chart import check_chart_path
+
+            check_chart_path(Path(chart))
         directory = target
-        if Path(target).is_file():
+        if is_recipe:
             if public_key is not None:
-                from aot.errors import RecipeError
-
                 raise RecipeError(f"--public-key checks a build directory's signature; {target} is a recipe")
+            from aot.bench.request import check_request
             from aot.builder.spine import build as run_build
+            from aot.recipe.load import load_recipe
+            from aot.recipe.plan import plan_build
 
+            check_request(plan_build(load_recipe(target)), grid, wanted, new_tokens)  # before the build, as well as after
             directory = run_build(target, output, progress=progress).output
         expected = _signed_expectation(directory, public_key, signature, expect_sha256)
-        report = bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
-                       tick=progress.tick, progress=progress, expect_sha256=expected,
-                       mode="in-process" if in_process else "processes", gap_ms=gap_ms, new_tokens=new_tokens,
-                       trust_code=trust_code, recipe=recipe)
-        if chart:
-            from aot.bench.chart import draw_chart
-
-            draw_chart(report, Path(chart))
-        return report
+        return bench(directory, grid, runs=runs, warmup=warmup, threads=threads, memory=not no_memory, peers=wanted,
+                     tick=progress.tick, progress=progress, expect_sha256=expected,
+                     mode="in-process" if in_process else "processes", gap_ms=gap_ms, new_tokens=new_tokens,
+                     trust_code=trust_code, recipe=recipe)
 
     report = _with_progress(context.obj["debug"], run)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
-        return
-    _print_bench(report)
+    else:
+        _print_bench(report)
+    if chart:  # after the results: a chart that fails now loses none of them
+        from aot.bench.chart import draw_chart
+
+        _run(context.obj["debug"], lambda: draw_chart(report, Path(chart)))
 
 
 def _stderr_console():
@@ -488,13 +515,23 @@ def _shape_label(shape) -> str:
     return label if shape.measure == "call" else f"{label} {shape.measure}{' /token' if shape.measure == 'decode' else ''}"
 
 
+_BENCH_NOTES = (
+    "vs eager: eager's median / the runner's median",
+    "paired: median over rounds of eager's time / the runner's time in the same round (the figure to quote)",
+    "peak MiB: the runner's process at its peak over the warm-up at this shape, less its size before it loaded the "
+    "runner: what the runner added, not a size ('-': not measured)",
+)
+
+
 def _print_bench(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from aot.bench.driver import counted
+
     where = "each runner in its own process" if report.mode == "processes" else "ALL RUNNERS IN ONE PROCESS (distorted)"
     machine = report.cpu if report.device == "cpu" else f"{report.device} (CUDA events; host {report.cpu})"
-    table = Table(title=f"{report.build}: {machine}, {report.threads} threads, {report.runs} rounds, {where}")
+    table = Table(title=f"{report.build}: {machine}, {counted(report.threads, 'thread')}, {counted(report.runs, 'round')}, {where}")
     labels = [_shape_label(shape) for shape in report.shapes]
     runners = [figures.runner for shape in report.shapes for figures in shape.runners]
     widths = {"shape": max(map(len, labels), default=5), "runner": max(map(len, runners), default=6)}
@@ -502,22 +539,30 @@ def _print_bench(report) -> None:
     for column in columns:
         # Names are never cut: two peers share a prefix ("ort_torchscript", "ort_torchscript_fused").
         table.add_column(column, justify="left" if column in widths else "right", no_wrap=True, min_width=widths.get(column))
+    shown = []  # shapes whose warm-up figures are on a row already: a decoder's decode row repeats its prefill's
     for shape in report.shapes:
-        label = _shape_label(shape)
+        label, once = _shape_label(shape), shape.shape not in shown
+        shown.append(shape.shape)
         for figures in shape.runners:
+            warm = (f"{figures.first_call_ms:.0f}", "-" if figures.peak_mib is None else f"{figures.peak_mib:.0f}") if once else ("", "")
             table.add_row(label, figures.runner, f"{figures.median_ms:.2f}", f"{figures.p10_ms:.2f}", f"{figures.p90_ms:.2f}",
                           f"{figures.speedup:.2f}x", f"{figures.paired_speedup:.2f}x",
-                          f"{figures.paired_p10:.2f}-{figures.paired_p90:.2f}", f"{figures.first_call_ms:.0f}",
-                          "-" if figures.peak_mib is None else f"{figures.peak_mib:.0f}")
+                          f"{figures.paired_p10:.2f}-{figures.paired_p90:.2f}", *warm)
             label = ""
     console = Console(width=None if sys.stdout.isatty() else 200)  # a pipe or a file gets whole rows
     console.print(table)
-    console.print("paired: median over rounds of eager's time / the runner's time in the same round (the figure to quote)")
+    for note in _BENCH_NOTES:
+        console.print(note)
+    if any(shape.measure != "call" for shape in report.shapes):
+        console.print("1st call ms, peak MiB: once per shape, on its prefill rows; a decoder's 1st call is its first "
+                      "generation's prefill ms + mean decode ms per token")
     console.print("setup: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.setup_s.items()))
     for artifact, metrics in report.accuracy.items():
         console.print(f"accuracy on the gate data, {artifact}: " + ", ".join(f"{name} {value:.6f}" for name, value in metrics.items()))
     for peer, reason in report.peer_failures.items():
         console.print(f"peer {peer} could not be built: {reason}")
+    for peer, reason in report.peers_skipped.items():
+        console.print(f"peer {peer} skipped: {reason}")
     if report.build_stages_s:
         console.print("build stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in report.build_stages_s.items()))
 

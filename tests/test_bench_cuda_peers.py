@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aot.bench.cuda_peers import BUILD_PEERS, CUDA_PEERS, build_cuda_peer
-from aot.bench.driver import _check_peers_fit
-from aot.bench.peers import KNOWN_PEERS, peer_names
+from aot.bench.cuda_peers import build_cuda_peer
+from aot.bench.peer_groups import BUILD_PEERS, CUDA_PEERS, KNOWN_PEERS, peer_names
+from aot.bench.request import check_request
 from aot.errors import RecipeError
 from aot.recipe.load import load_recipe
 from aot.recipe.plan import plan_build
@@ -28,10 +28,16 @@ def test_the_cuda_group_is_every_cuda_peer_and_each_is_known() -> None:
 def test_the_uncaptured_graph_module_is_for_a_build_with_buckets() -> None:
     with_buckets, without = (plan_build(load_recipe(RECIPES / name)) for name in ("bert_cuda_graphs.yaml", "bert_cuda.yaml"))
     assert with_buckets.export.graph_module.cuda_graphs and not without.export.graph_module.cuda_graphs
-    _check_peers_fit(with_buckets, CUDA_PEERS)
+    assert check_request(with_buckets, peers=CUDA_PEERS).peers == CUDA_PEERS
     with pytest.raises(RecipeError, match="--peers graph_module_uncaptured: this build's GraphModule has no CUDA graph buckets"):
-        _check_peers_fit(without, ("graph_module_uncaptured",))
-    _check_peers_fit(without, tuple(peer for peer in CUDA_PEERS if peer not in BUILD_PEERS))
+        check_request(without, peers=("graph_module_uncaptured",))
+    others = tuple(peer for peer in CUDA_PEERS if peer not in BUILD_PEERS)
+    assert check_request(without, peers=others).peers == others
+    # named by the group, it is skipped with a note: the group's other peers still run
+    request = check_request(without, peers=("cuda",))
+    assert request.peers == others
+    assert "no CUDA graph buckets" in request.skipped_peers["graph_module_uncaptured"], request.skipped_peers
+    assert "--peers cuda" in request.skipped_peers["graph_module_uncaptured"], request.skipped_peers
 
 
 @pytest.mark.parametrize("peer", [peer for peer in CUDA_PEERS if peer not in BUILD_PEERS])

@@ -13,7 +13,8 @@ import torch
 from transformers import BertConfig, BertModel
 
 from aot.bench.int8_peers import quantize_torch_dynamic
-from aot.bench.peers import ALL_PEERS, INT8_PEERS, ONNX_PEERS, build_peer, peer_names, write_peer_onnx
+from aot.bench.peer_groups import ALL_PEERS, INT8_PEERS, ONNX_PEERS, peer_names
+from aot.bench.peers import build_peer, write_peer_onnx
 
 AXES = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
 SHAPES = [(1, 5), (2, 8), (3, 12)]
@@ -157,7 +158,7 @@ def test_peers_option_names_the_int8_group_and_its_peers():
     assert peer_names("int8") == INT8_PEERS == ("ort_quantize_dynamic", "torch_ao_dynamic")
     assert peer_names("ort_quantize_dynamic, torch_ao_dynamic") == INT8_PEERS
     assert set(INT8_PEERS) <= set(peer_names("all")) == set(ALL_PEERS)
-    assert not set(INT8_PEERS) & set(peer_names("onnx")), "'onnx' stays the four fp32 ONNX Runtime peers"
+    assert not set(INT8_PEERS) & set(peer_names("onnx")), "'onnx' stays the fp32 ONNX Runtime peers"
     assert peer_names("onnx") == ONNX_PEERS and peer_names("") == ()
     assert peer_names("torch_ao_dynamic, onnx,int8") == ("torch_ao_dynamic", *ONNX_PEERS, "ort_quantize_dynamic")
     with pytest.raises(ValueError, match=r"unknown peer\(s\) int4; known: .*ort_quantize_dynamic, torch_ao_dynamic.*groups: .*int8"):

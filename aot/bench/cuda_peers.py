@@ -23,15 +23,12 @@ from typing import Any
 
 import torch
 
-CUDA_PEERS = ("eager_float16", "eager_float32", "graph_module_uncaptured", "torch_compile", "torch_compile_cuda_graphs")
-# Peers loaded from the build directory, not made from the eager model.
-BUILD_PEERS = ("graph_module_uncaptured",)
-
 Runner = Callable[[dict[str, torch.Tensor]], Any]
 
 
 def build_cuda_peer(peer: str, model: torch.nn.Module) -> Runner:
-    """A runner for ``peer`` (one of :data:`CUDA_PEERS` but :data:`BUILD_PEERS`) over the eager model, on its CUDA device."""
+    """A runner for ``peer`` (a CUDA peer of :mod:`aot.bench.peer_groups`, not one loaded from the build) over the eager
+    model, on its CUDA device."""
     if next(model.parameters()).device.type != "cuda":
         raise RuntimeError(f"{peer} is a CUDA peer, and this model is on {next(model.parameters()).device}")
     if peer in ("eager_float16", "eager_float32"):

@@ -23,8 +23,6 @@ from typing import Any
 
 import torch
 
-DECODER_PEERS = ("eager_bf16", "ort_genai", "llama_cpp")  # llama_cpp: aot.bench.llama_cpp_peer
-
 
 def eager_bf16_generate(causal_lm: torch.nn.Module):
     """Eager ``generate`` on the causal LM in bfloat16."""

@@ -3,7 +3,8 @@
 Every figure is a ratio against eager measured in the same run. One process holding several
 models slows them all, the eager baseline most (measured 1.3-1.5x on BERT-base), so each
 runner lives in a worker process of its own (:mod:`aot.bench.worker`) and this driver only
-sends it requests. For each shape of the grid:
+sends it requests. What is asked (the grid, the peers, a decoder's new tokens) is checked against
+the build before any worker starts (:mod:`aot.bench.request`). Then, for each shape of the grid:
 
 1. every worker is warmed up (its first call's time is kept: a compiler compiles there), and,
    unless ``memory=False``, the peak resident set of an artifact's worker over its load and
@@ -40,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
+from aot.bench.request import check_request
 from aot.bench.worker import RunnerHost, RunnerSpec
 from aot.directory.manifest import cpu_model
 from aot.directory.open import open_build
 from aot.builder.stages import Progress, Stages
 from aot.errors import AotError, RecipeError
 from aot.export.kinds import ARTIFACT_KINDS, artifact_kind
-from aot.recipe.plan import BuildPlan
 
 log = logging.getLogger(__name__)
 
@@ -94,26 +95,10 @@ class BenchReport:
     # and per peer, measured by the bench on the same data, when the build has a gate.
     accuracy: dict[str, dict[str, float]] = field(default_factory=dict)
     peer_failures: dict[str, str] = field(default_factory=dict)
+    peers_skipped: dict[str, str] = field(default_factory=dict)  # a group's member this build cannot have, and why
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-DECODER_GRID = {"batch": [1], "prompt": [32]}  # a decoder build's dims: rows, and prompt tokens
-
-
-def grid_shapes(plan: BuildPlan, grid: dict[str, list[int]]) -> list[dict[str, int]]:
-    import itertools
-
-    dims = {name: [dim.size] for name, dim in plan.inputs.spec.dims.items()}
-    if plan.inputs.decoder_step:
-        dims = {name: list(sizes) for name, sizes in DECODER_GRID.items()}
-    for name, sizes in grid.items():
-        if name not in dims:
-            raise RecipeError(f"--shape {name}=...: the recipe has no dim '{name}' (it has: {', '.join(dims)})")
-        dims[name] = sizes
-    names = list(dims)
-    return [dict(zip(names, sizes)) for sizes in itertools.product(*(dims[n] for n in names))]
 
 
 def bench(
@@ -129,10 +114,12 @@ def bench(
     progress: Progress | None = None,
     mode: str = "processes",
     gap_ms: float = 50.0,
-    new_tokens: int = 32,
+    new_tokens: int | None = None,
     trust_code: bool = False,
     recipe: str | Path | None = None,
 ) -> BenchReport:
+    """Time every runner of the build in ``directory`` (see the module docstring). ``grid``: sizes per dim (``-s``);
+    ``peers``: peers' names and groups (:mod:`aot.bench.peer_groups`); ``new_tokens``: a decoder's only (default 32)."""
     if mode not in MODES:
         raise RecipeError(f"bench mode '{mode}' is not one of {', '.join(MODES)}")
     directory = Path(directory)
@@ -141,22 +128,22 @@ def bench(
         opened = open_build(directory, expect_sha256, trust_code)
         opened.require_consent("aot bench")
         integrity, plan = opened.integrity, opened.plan(recipe)
-    shapes = grid_shapes(plan, grid or {})
-    _check_peers_fit(plan, peers)
-    if plan.model.decoder_step and new_tokens < 2:
-        raise RecipeError(f"--new-tokens {new_tokens}: a decode time needs at least 2 tokens")
+    request = check_request(plan, grid, peers, new_tokens)  # before any runner starts
+    for peer, reason in request.skipped_peers.items():
+        log.info("peer %s skipped: %s", peer, reason)
     threads = threads or _default_threads()
     in_process = mode == "in-process"
     report = BenchReport(
         build=str(directory), cpu=cpu_model(), threads=threads, mode=mode, runs=runs, warmup=warmup, gap_ms=gap_ms,
         build_stages_s=integrity.manifest.get("run", {}).get("stages_s", {}),
         accuracy={entry["artifact"]: entry["metrics"] for entry in integrity.manifest.get("accuracy", [])},
+        peers_skipped=request.skipped_peers,
     )
-    names = [name for name in ARTIFACT_RUNNERS if _artifact_present(directory, name)] + list(peers)
+    names = [name for name in ARTIFACT_RUNNERS if _artifact_present(directory, name)] + list(request.peers)
     with tempfile.TemporaryDirectory(prefix="aot-bench-") as workdir, _hosts(in_process) as start:
-        spec = RunnerSpec(build=str(directory), runner="", threads=threads, workdir=workdir, shapes=shapes,
+        spec = RunnerSpec(build=str(directory), runner="", threads=threads, workdir=workdir, shapes=request.shapes,
                           module_sha256=integrity.sha256_of("graph_module/module.py"), shared_process=in_process,
-                          new_tokens=new_tokens, recipe=str(recipe) if recipe else None)
+                          new_tokens=request.new_tokens, recipe=str(recipe) if recipe else None)
         hosts: dict[str, Any] = {}
         for name in names:  # one after the other: eager first, since it makes the inputs the others read
             with stage(f"load {name}"):
@@ -172,30 +159,12 @@ def bench(
         # Host memory only, of a runner alone in its process: on CUDA the weights live in GPU memory.
         memory = memory and not in_process and plan.model.spec.device == "cpu"
         with stage("bench"):
-            for index, shape in enumerate(shapes):
+            for index, shape in enumerate(request.shapes):
                 report.shapes += _bench_shape(hosts, index, shape, runs, warmup, memory, gap_ms, tick, report.peer_failures)
         if report.accuracy:  # the build traded accuracy for speed: the peers are held to its gate too
             with stage("peer accuracy"):
-                _peer_accuracy(hosts, peers, report)
+                _peer_accuracy(hosts, request.peers, report)
     return report
-
-
-def _check_peers_fit(plan: BuildPlan, peers: tuple[str, ...]) -> None:
-    """A decoder build takes only the decoder peers, a CUDA build only the CUDA ones, and the others neither."""
-    from aot.bench.cuda_peers import BUILD_PEERS, CUDA_PEERS
-    from aot.bench.decoder_peers import DECODER_PEERS
-
-    device, decoder = plan.model.spec.device, plan.model.decoder_step
-    on_cuda = device.startswith("cuda")
-    for peer in peers:
-        if (peer in DECODER_PEERS) != decoder:
-            kind = "a decoder build takes only the decoder peers" if decoder else "the decoder peers are for a decoder build"
-            raise RecipeError(f"--peers {peer}: {kind} ({', '.join(DECODER_PEERS)})")
-        if (peer in CUDA_PEERS) != on_cuda:
-            where = f"a build on {device} takes only the CUDA peers" if on_cuda else "the CUDA peers are for a CUDA build"
-            raise RecipeError(f"--peers {peer}: {where} ({', '.join(CUDA_PEERS)})")
-        if peer in BUILD_PEERS and not plan.export.graph_module.cuda_graphs:
-            raise RecipeError(f"--peers {peer}: this build's GraphModule has no CUDA graph buckets (export.graph_module.cuda_graphs)")
 
 
 def _peer_accuracy(hosts: dict[str, Any], peers: tuple[str, ...], report: BenchReport) -> None:
@@ -213,6 +182,11 @@ def _peer_accuracy(hosts: dict[str, Any], peers: tuple[str, ...], report: BenchR
             report.accuracy[name] = reply["metrics"]
         else:
             log.warning("peer %s: accuracy not measured: %s", name, reply.get("problem"))
+
+
+def counted(number: int, noun: str) -> str:
+    """``1 thread``, ``2 threads``: a count in a title."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _default_threads() -> int:

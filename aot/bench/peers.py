@@ -36,33 +36,16 @@ from typing import Any
 
 import torch
 
-from aot.bench.cuda_peers import CUDA_PEERS, build_cuda_peer
-from aot.bench.decoder_peers import DECODER_PEERS
+from aot.bench import peer_groups
+from aot.bench.cuda_peers import build_cuda_peer
 from aot.bench.int8_peers import quantize_onnx_dynamic, quantize_torch_dynamic
+from aot.bench.peer_groups import CUDA_PEERS
 
 log = logging.getLogger(__name__)
 
-ONNX_PEERS = ("ort_torchscript", "ort_torchscript_fused", "ort_dynamo", "ort_dynamo_fused", "hf_onnx")
-INT8_PEERS = ("ort_quantize_dynamic", "torch_ao_dynamic")
-ALL_PEERS = ONNX_PEERS + INT8_PEERS + ("torch_compile_freezing",)
-# The names ``--peers`` takes besides the peers' own; a decoder build's peers are its own (aot.bench.decoder_peers),
-# and so are a CUDA build's (aot.bench.cuda_peers).
-PEER_GROUPS = {"": (), "onnx": ONNX_PEERS, "int8": INT8_PEERS, "all": ALL_PEERS, "decoder": DECODER_PEERS, "cuda": CUDA_PEERS}
-KNOWN_PEERS = ALL_PEERS + DECODER_PEERS + CUDA_PEERS
-
 Runner = Callable[[dict[str, torch.Tensor]], Any]
 
-
-def peer_names(text: str) -> tuple[str, ...]:
-    """The peers ``--peers text`` names, in order, once each: a comma list of peers and groups of :data:`PEER_GROUPS`."""
-    items = [item.strip() for item in text.split(",")]
-    wanted = tuple(dict.fromkeys(peer for item in items for peer in PEER_GROUPS.get(item, (item,))))
-    unknown = [name for name in wanted if name not in KNOWN_PEERS]
-    if unknown:
-        groups = ", ".join(group for group in PEER_GROUPS if group)
-        known = ", ".join(KNOWN_PEERS)
-        raise ValueError(f"unknown peer(s) {', '.join(unknown)}; known: {known} (groups: {groups})")
-    return wanted
+peer_names = peer_groups.peer_names  # the names --peers takes live in aot.bench.peer_groups, which imports nothing
 
 
 def _quietly(action: Callable[[], Any]) -> Any:
@@ -192,7 +175,7 @@ def build_peer(
     peer: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor], axes: dict[str, dict[int, str]], workdir: Path,
     threads: int, spinning: bool = True,
 ) -> Runner:
-    """A runner for ``peer`` (one of :data:`ALL_PEERS` or :data:`CUDA_PEERS`); it raises when the peer cannot be built."""
+    """A runner for ``peer`` (one of :data:`~aot.bench.peer_groups.ALL_PEERS` or :data:`~aot.bench.peer_groups.CUDA_PEERS`); it raises when the peer cannot be built."""
     if peer in CUDA_PEERS:
         return build_cuda_peer(peer, model)
     if peer == "torch_compile_freezing":

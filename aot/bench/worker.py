@@ -106,7 +106,7 @@ class RunnerHost:
             return (time.perf_counter() - started) * 1000
 
     def _load(self) -> tuple[Any, list[dict[str, Any]]]:
-        from aot.bench.cuda_peers import BUILD_PEERS
+        from aot.bench.peer_groups import BUILD_PEERS
         from aot.export.kinds import ARTIFACT_KINDS, OpenOptions, artifact_kind
         from aot.bench.peers import build_peer
         from aot.inputs import dynamic_axes, make_inputs, texts_tokenizer
@@ -180,12 +180,12 @@ class RunnerHost:
         elif spec.runner == "ort_genai":
             from aot.bench.decoder_peers import genai_generate
 
-            generate = genai_generate(_checkpoint_for(plan, "ort_genai", "builds"), Path(spec.workdir), spec.threads)
+            generate = genai_generate(_checkpoint_for(plan, "ort_genai"), Path(spec.workdir), spec.threads)
         elif spec.runner == "llama_cpp":
             from aot.bench.llama_cpp_peer import llama_cpp_generate
 
             context = max(shape["prompt"] for shape in spec.shapes) + spec.new_tokens
-            checkpoint = _checkpoint_for(plan, "llama_cpp", "writes its GGUF file")
+            checkpoint = _checkpoint_for(plan, "llama_cpp")
             generate = llama_cpp_generate(checkpoint, Path(spec.workdir), spec.threads, context)
         else:
             from aot.errors import RecipeError
@@ -295,12 +295,14 @@ def serve(requests: Any, answer: Any) -> None:
             answer({"error": f"{type(error).__name__}: {first_line}", "exit_code": 1})
 
 
-def _checkpoint_for(plan: Any, peer: str, what: str) -> Path:
-    """The recipe's pretrained checkpoint, which a peer that converts it needs."""
+def _checkpoint_for(plan: Any, peer: str) -> Path:
+    """The recipe's pretrained checkpoint, which a peer that converts it needs (aot bench refuses such a peer up front
+    for a recipe without one: aot.bench.request)."""
+    from aot.bench.peer_groups import without_checkpoint
     from aot.errors import RecipeError
 
     if plan.model.pretrained is None:
-        raise RecipeError(f"peer '{peer}' {what} from the recipe's model.pretrained checkpoint, which this recipe has not")
+        raise RecipeError(f"peer {without_checkpoint(peer)}")
     return plan.model.pretrained
 
 
