@@ -67,11 +67,9 @@ def test_the_recipes_texts_are_cut_to_its_limits(gptq_recipe):
 def test_aot_check_refuses_texts_too_short_to_use_as_the_build_would(gptq_recipe, cli, key):
     assert cli("check", gptq_recipe).exit_code == 0  # precondition
     (gptq_recipe.parent / "data" / "short.txt").write_text("a\nb\n")  # one token each: nothing to predict
-    for command in ("check", "build"):
-        result = cli(command, gptq_recipe, "--set", f"{key}=data/short.txt", "-o" if command == "build" else "--json",
-                     *([gptq_recipe.parent / "out"] if command == "build" else []))
-        assert result.exit_code == 2 and f"--set {key}: no " in result.stderr and "two tokens or more" in result.stderr, result.described
-    assert not (gptq_recipe.parent / "out").exists()
+    # the build raises the same error from the same function (aot.builder.prompts), after loading the model
+    result = cli("check", gptq_recipe, "--set", f"{key}=data/short.txt")
+    assert result.exit_code == 2 and f"--set {key}: no " in result.stderr and "two tokens or more" in result.stderr, result.described
 
 
 @pytest.mark.parametrize("edit, key, message", [
