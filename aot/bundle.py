@@ -165,6 +165,9 @@ def check_deployment_files(plan: DeploymentPlan, config: Any) -> None:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="aot-check-") as directory:
+            # The build's directory holds config.json beside the processor: a processor config naming no type is read
+            # by the model type there, as transformers does.
+            config.save_pretrained(directory)
             if _place_processor(plan, Path(directory)):
                 check_shipped_processor(plan, Path(directory), _processor_source(plan))
 

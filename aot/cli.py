@@ -437,7 +437,7 @@ def _peers_help() -> str:
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads for torch and ONNX Runtime (default: torch's).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=str),
-              help="Also draw the paired speedups as a chart, in the format its extension names (PNG without one), after the "
+              help="Also draw the paired speedups as a chart, in the format its extension names (NAME.png without one), after the "
               "results are printed; needs matplotlib: pip install 'aot[chart]'.")
 @click.option("--peers", default="", help=_peers_help())
 @click.option("--gap-ms", type=click.FloatRange(min=0), default=50.0, show_default=True, help="Idle time before each timed call, so the previous runner's threads settle.")

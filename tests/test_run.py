@@ -283,5 +283,5 @@ def test_threads_reach_the_runtime_that_runs(builds):
         torch.set_num_threads(before)
     fixed = [kind for kind in artifact_kinds() if kind.fixed_threads]
     assert fixed == [artifact_kind("aoti")]  # a kind that cannot take them says why, and aot.load refuses them
-    with pytest.raises(aot.errors.RecipeError, match="threads= cannot reach the AOTInductor package: its threads were fixed"):
+    with pytest.raises(aot.errors.RecipeError, match=r"threads \(--threads\) cannot reach the AOTInductor package: its threads were fixed"):
         aot.load(builds["encoder"], "aoti", threads=1)

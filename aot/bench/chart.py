@@ -16,8 +16,8 @@ from aot.errors import RecipeError, first_line
 
 def check_chart_path(path: Path) -> None:
     """A chart can be written at ``path``: matplotlib is there and writes its extension's format, and its directory
-    exists and takes files. A RecipeError naming ``--chart`` otherwise; nothing is written."""
-    chart_format(path)
+    exists and takes files. A RecipeError naming ``--chart`` otherwise; nothing is written. The directory is checked
+    first: that needs no matplotlib."""
     parent = path.parent
     if not parent.exists():
         raise RecipeError(f"--chart {path}: directory {parent} does not exist")
@@ -25,6 +25,7 @@ def check_chart_path(path: Path) -> None:
         raise RecipeError(f"--chart {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise RecipeError(f"--chart {path}: not writable here")
+    chart_format(path)
 
 
 def chart_format(path: Path) -> str:
@@ -61,6 +62,8 @@ def draw_chart(report: BenchReport, path: Path) -> None:
     figure.tight_layout()
     # A PNG without matplotlib's version in it: the same figures, the same bytes. Other writers take other keys, or none.
     metadata = {"metadata": {"Software": None}} if written == "png" else {}
+    if not path.suffix:  # as matplotlib names it given no format: NAME.png (the format's extension added)
+        path = path.with_name(f"{path.name}.{written}")
     try:
         figure.savefig(path, format=written, dpi=120, **metadata)
     except (RuntimeError, ValueError) as error:  # a writer that needs more than matplotlib (pgf: a LaTeX)

@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 
-from aot.bench import peer_groups
 from aot.bench.cuda_peers import build_cuda_peer
 from aot.bench.int8_peers import quantize_onnx_dynamic, quantize_torch_dynamic
 from aot.bench.peer_groups import CUDA_PEERS
@@ -44,9 +43,6 @@ from aot.bench.peer_groups import CUDA_PEERS
 log = logging.getLogger(__name__)
 
 Runner = Callable[[dict[str, torch.Tensor]], Any]
-
-peer_names = peer_groups.peer_names  # the names --peers takes live in aot.bench.peer_groups, which imports nothing
-
 
 def _quietly(action: Callable[[], Any]) -> Any:
     from aot.process.quiet import quiet_torch

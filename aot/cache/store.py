@@ -120,11 +120,17 @@ class CacheStore:
         return store
 
     def _require_cache(self) -> None:
-        """The root holds a cache: a directory with its ``entries``/``blobs``, or nothing yet."""
-        if not self.fs.exists(self.root):
-            raise CacheUnavailable(f"{self.url}: no build cache there (nothing at that path)")
+        """The root holds a cache: a directory with its ``entries``/``blobs``, or nothing yet. On an object store a
+        prefix exists only while objects lie under it: one with none is an empty cache (a build stored nothing yet, or
+        a prune removed all), not a typo. Listing, not ``exists``, asks the store: s3fs's ``exists`` of a bucket
+        answers False for an unreachable endpoint."""
+        try:
+            held = {path.rstrip("/") for path in self.fs.ls(self.root, detail=False)}
+        except (FileNotFoundError, NotADirectoryError):  # nothing there, or a file where a parent folder would be
+            if self._whole_objects:
+                return
+            raise CacheUnavailable(f"{self.url}: no build cache there (nothing at that path)") from None
         cache_parts = {f"{self.root}/{ENTRIES}", f"{self.root}/{BLOBS}"}
-        held = {path.rstrip("/") for path in self.fs.ls(self.root, detail=False)}
         if held and not held & cache_parts:
             raise CacheUnavailable(f"{self.url}: holds no build cache (no {ENTRIES}/ or {BLOBS}/ in it)")
 

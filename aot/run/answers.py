@@ -110,9 +110,9 @@ def answer(model: BuiltModel, texts: list[str], *, similarity: bool = False, poo
         raise RecipeError(f"{model.directory}: token ids feed an encoder or a classifier, not a {model.task} build")
     if similarity and (model.task != "encoder" or len(examples) < 2):
         raise RecipeError("--similarity needs an encoder build and at least two texts")
-    given = {"pooling": pooling, "top": top, "max_new_tokens": max_new_tokens}
+    options = {"pooling": pooling, "top": top, "max_new_tokens": max_new_tokens}
     for option, tasks in _TASK_OPTIONS.items():
-        if given[option] is not None and model.task not in tasks:
+        if options[option] is not None and model.task not in tasks:
             flag = "--" + option.replace("_", "-")
             raise RecipeError(f"{flag} applies to {_builds(tasks)}, not to {model.directory} ({_builds([model.task])})")
     top = TOP_LABELS if top is None else top

@@ -281,7 +281,7 @@ def load(directory: str | Path, runtime: str = "onnx", *, expect_sha256: str | N
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise RecipeError(f"threads must be a whole number of at least 1, got {threads!r}")
         if kind.fixed_threads:
-            raise RecipeError(f"threads= cannot reach the {kind.title}: {kind.fixed_threads}")
+            raise RecipeError(f"threads (--threads) cannot reach the {kind.title}: {kind.fixed_threads}")
     if public_key is not None:
         expect_sha256 = signed_manifest_sha256(directory, public_key, signature, expect_sha256, command="aot.load(public_key=...)")
     opened = open_build(directory, expect_sha256, trust_code)

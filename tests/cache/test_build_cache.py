@@ -135,3 +135,14 @@ def test_cache_ls_and_prune_read_a_cache_and_make_none(cli, tmp_path):
             result = cli("cache", *command, url)
             assert result.exit_code == 2 and result.stderr == f"aot: error: {url}: {message}\n", result.described
     assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == before, "nothing made, nothing removed"
+
+
+def test_an_object_stores_empty_prefix_is_an_empty_cache(cli, tmp_path, s3_endpoint):
+    url, option = f"s3://{BUCKET}/{tmp_path.name}", ("--cache-option", f"endpoint_url={s3_endpoint}")
+    entry = save_build(CacheStore.open(url, {"endpoint_url": s3_endpoint}), fake_key(), fake_build(tmp_path / "built"), "fake-a", {})
+    assert cli("cache", "ls", url, *option).stdout.startswith(entry.key[:16])  # precondition: the store is reached
+    pruned = cli("cache", "prune", url, "--keep", "0", "--blob-grace", "0", *option)
+    assert pruned.exit_code == 0, pruned.described
+    for command in (["ls"], ["prune"]):  # no object under the prefix now: a cache with nothing in it, as a directory's
+        result = cli("cache", *command, url, *option)
+        assert result.exit_code == 0 and result.stdout.startswith(("no entries in", "removed 0 entries")), result.described

