@@ -98,9 +98,13 @@ class LoadedRecipe:
             if source is not None:
                 directory = _resolved_directory(self, source.pretrained, source.package, prefix + ("package",))
                 return Located(directory, prefix + ("pretrained",), self.locator)
-        if self.pretrained_directory is not None:
-            return Located(self.pretrained_directory, ("model", "pretrained"), self.locator)
-        return None
+        directory = self.pretrained_directory
+        if directory is None:
+            return None
+        reads_pixels = any(tensor.name == "pixel_values" for tensor in self.recipe.inputs.tensors)
+        if reads_pixels and not any((directory / name).is_file() for name in _TOKENIZER_FILES):
+            return None  # an image model's checkpoint (ViT's, ResNet's) ships no tokenizer, and needs none
+        return Located(directory, ("model", "pretrained"), self.locator)
 
     @cached_property
     def accuracy_data_path(self) -> Path | None:
@@ -123,6 +127,10 @@ class LoadedRecipe:
         """The fidelity gate's prompts file, relative to the recipe file; None without the gate."""
         fidelity = fidelity_gate(self)
         return (self.path.parent / fidelity.prompts).resolve() if fidelity is not None else None
+
+
+# What a tokenizer saved by transformers leaves in its directory (save_pretrained writes both; one is enough to load).
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:

